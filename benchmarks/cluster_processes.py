@@ -7,8 +7,9 @@ so a failed or interrupted measurement leaves nothing running.
 
 Two kinds of cluster share one protocol:
 
-* ``ours``: ``python -m dataservice dispatcher --port 0`` and
-  ``python -m dataservice worker --dispatcher localhost:P --port 0``;
+* ``ours``: ``python -m dataservice dispatcher --port 0`` and one
+  ``python -m dataservice worker --dispatcher localhost:P --port 0 --processes N`` for N
+  workers (a supervisor and N worker processes, as one would run them on a host);
 * ``tf``: ``<tf-python> -m benchmarks.tf_service dispatcher|worker ...``, TensorFlow's
   C++ ``DispatchServer``/``WorkerServer``.
 
@@ -234,14 +235,42 @@ class Cluster:
         return f"grpc://localhost:{self.dispatcher_port}"
 
 
-def _server_args(kind: str, python: str, role: str, dispatcher_port: Optional[int] = None) -> list[str]:
+def _server_args(kind: str, python: str, role: str, dispatcher_port: Optional[int] = None,
+                 processes: int = 1) -> list[str]:
     module = ["-m", "dataservice"] if kind == "ours" else ["-m", "benchmarks.tf_service"]
     args = [python, *module, role, "--port", "0"]
     if role == "worker":
         args += ["--dispatcher", f"localhost:{dispatcher_port}"]
     if kind == "ours":
         args += ["--log-level", "WARNING"]
+    if processes > 1:
+        args += ["--processes", str(processes)]
     return args
+
+
+def _start_workers(group: ProcessGroup, kind: str, python: str, dispatcher_port: int,
+                   num_workers: int) -> list[tuple[Proc, int]]:
+    """Spawns the workers: ours as one ``worker --processes N`` command, tf.data's one process each.
+    Returns (process, number of "listening" lines it prints) pairs."""
+    if kind == "ours" and num_workers > 1:
+        supervisor = group.spawn(_server_args(kind, python, "worker", dispatcher_port, processes=num_workers),
+                                 kind, f"workers-x{num_workers}")
+        return [(supervisor, num_workers)]
+    return [(group.spawn(_server_args(kind, python, "worker", dispatcher_port), kind, f"worker{i}"), 1)
+            for i in range(num_workers)]
+
+
+def _await_workers(kind: str, workers: list[tuple[Proc, int]], timeout_s: float) -> list[int]:
+    """The workers' ports, from their "listening" lines (a supervisor prints one per process, then a
+    summary line once all of them listen)."""
+    ports = []
+    for proc, count in workers:
+        if count > 1:
+            proc.wait_for_line(rf"^{count} worker processes started\b", timeout_s)
+            ports += [int(m.group(1)) for line in proc.lines if (m := re.search(_SERVER_LINES[kind, "worker"], line))]
+        else:
+            ports.append(int(proc.wait_for_line(_SERVER_LINES[kind, "worker"], timeout_s).group(1)))
+    return ports
 
 
 def start_cluster(group: ProcessGroup, kind: str, python: str, num_workers: int,
@@ -253,13 +282,11 @@ def start_cluster(group: ProcessGroup, kind: str, python: str, num_workers: int,
         raise ValueError(f"kind must be 'ours' or 'tf', got {kind!r}")
     dispatcher = group.spawn(_server_args(kind, python, "dispatcher"), kind, "dispatcher")
     port = int(dispatcher.wait_for_line(_SERVER_LINES[kind, "dispatcher"], timeout_s).group(1))
-    workers = [group.spawn(_server_args(kind, python, "worker", port), kind, f"worker{i}")
-               for i in range(num_workers)]
+    workers = _start_workers(group, kind, python, port, num_workers)
     client = None
     if client_args is not None:
         client = spawn_client(group, kind, python, f"grpc://localhost:{port}", client_args)
-    worker_ports = [int(w.wait_for_line(_SERVER_LINES[kind, "worker"], timeout_s).group(1)) for w in workers]
-    return Cluster(kind, python, port, worker_ports), client
+    return Cluster(kind, python, port, _await_workers(kind, workers, timeout_s)), client
 
 
 def spawn_client(group: ProcessGroup, kind: str, python: str, service: str, client_args: Sequence[str]) -> Proc:

@@ -2,7 +2,8 @@
 show a dispatcher's status.
 
 Each server command prints one line saying where it listens (flushed, so a
-parent process can read the port when it passes ``--port 0``), logs through
+parent process can read the port when it passes ``--port 0``; ``worker --processes N``
+prints one per worker process, then a summary line), logs through
 ``logging`` on stderr, and exits with code 0 on SIGTERM or SIGINT after
 stopping its servers. Wrong arguments print a one-line error after the usage
 and exit with code 2, never a traceback.
@@ -13,6 +14,10 @@ Example::
     dispatcher listening on grpc://localhost:5050
     $ dataservice worker --dispatcher localhost:5050 --port 5051
     worker listening on localhost:5051 (dispatcher localhost:5050)
+    $ dataservice worker --dispatcher localhost:5050 --port 5061 --processes 2
+    worker listening on localhost:5061 (dispatcher localhost:5050)
+    worker listening on localhost:5062 (dispatcher localhost:5050)
+    2 worker processes started (dispatcher localhost:5050; ports 5061, 5062; pids 4121, 4122)
     $ dataservice status --dispatcher localhost:5050 --json
     {"dispatcher": "grpc://localhost:5050", "workers": [...], "datasets": [...], "jobs": [...]}
     $ dataservice local --workers 2 --port 0
@@ -41,7 +46,8 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from dataservice import errors
 from dataservice.service.addresses import channel_address, target
 
-__all__ = ["main", "build_parser", "dispatcher_config", "worker_config", "status_as_dict", "format_status"]
+__all__ = ["main", "build_parser", "dispatcher_config", "worker_config", "worker_process_flags", "status_as_dict",
+           "format_status"]
 
 log = logging.getLogger("dataservice.cli")
 
@@ -76,6 +82,22 @@ def _int_flag(what: str, low: int, high: Optional[int] = None, name: str = "") -
 _port = _int_flag("0 picks a free port", 0, 65535, name="port")
 _positive_ms = _int_flag("a positive number of milliseconds", 1)
 _positive_int = _int_flag("a positive integer", 1)
+
+
+def _processes(text: str) -> int:
+    """``--processes``: a positive integer, or "auto" for one process per available core."""
+    if text.strip().lower() == "auto":
+        from dataservice.worker.processes import available_cpus
+
+        return available_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto' (one process per core), "
+                                         f"got {text!r}")
+    return value
 
 
 def _dispatcher_address(text: str) -> str:
@@ -156,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--worker-address", metavar="ADDR", default=None,
                         help="address clients use to reach this worker, e.g. worker1:5051; %%port%% is "
                              "replaced by the bound port (default: localhost:%%port%%)")
+    worker.add_argument("--processes", type=_processes, default=1, metavar="N|auto",
+                        help="run N worker processes on this host, each a worker of its own (use all the cores "
+                             "for CPU-bound Python pipelines); 'auto' starts one per available core. With N > 1 "
+                             "this command supervises them: they listen on --port P, P+1, ..., P+N-1 (free ports "
+                             "with --port 0), --worker-address must contain %%port%%, and a process that dies is "
+                             "restarted on its port (default: 1)")
     _add_worker_timing_flags(worker)
     _add_log_level(worker)
     worker.set_defaults(_parser=worker)
@@ -213,9 +241,11 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
 
 # --- running servers ---------------------------------------------------------------------
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, with_pid: bool = False) -> None:
+    # The processes of ``worker --processes N`` share a stderr: each one's lines carry its pid.
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s" + ("[%(process)d]" if with_pid else "") +
+                               ": %(message)s")
 
 
 def _announce(line: str) -> None:
@@ -307,13 +337,17 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.worker.processes import follow_supervisor
     from dataservice.worker.server import WorkerServer
 
     try:
         config = worker_config(args)
     except ValueError as exc:
         parser.error(str(exc))
-    _setup_logging(args.log_level)
+    if args.processes > 1:
+        return _run_worker_processes(args, parser, config)
+    supervised = follow_supervisor()  # started by --processes N: stop if the supervisor dies
+    _setup_logging(args.log_level, with_pid=supervised)
 
     def announce(servers: list) -> str:
         worker = servers[0]
@@ -323,6 +357,56 @@ def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return line
 
     return _serve(parser.prog, lambda: [WorkerServer(config)], announce)
+
+
+def worker_process_flags(args: argparse.Namespace) -> list[str]:
+    """The flags each process of ``worker --processes N`` gets: all of ``args`` but the ports and
+    ``--processes``, which the supervisor sets per process."""
+    flags = ["--dispatcher", args.dispatcher, "--data-transfer-protocol", args.data_transfer_protocol,
+             "--log-level", args.log_level]
+    if args.worker_address is not None:
+        flags += ["--worker-address", args.worker_address]
+    for flag, value in (("--heartbeat-interval-ms", args.heartbeat_interval_ms),
+                        ("--dispatcher-timeout-ms", args.dispatcher_timeout_ms)):
+        if value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentParser, config) -> int:
+    """``worker --processes N`` with N > 1: supervise N worker processes (dataservice.worker.processes)."""
+    from dataservice.worker.processes import WorkerProcesses, WorkerProcessesError, worker_command
+
+    n = args.processes
+    if "%port%" not in config.worker_address:
+        parser.error(f"--worker-address {config.worker_address!r} must contain %port% with --processes {n}: "
+                     f"each process listens on a port of its own, and clients tell the processes apart by it "
+                     f"(e.g. {config.worker_address.rsplit(':', 1)[0]}:%port%)")
+    ranges = {"--port": args.port}
+    if args.data_transfer_protocol == "tcp":
+        ranges["--data-transfer-port"] = args.data_transfer_port
+    for flag, first in ranges.items():
+        if first and first + n - 1 > 65535:
+            parser.error(f"{flag} {first} with --processes {n} needs the ports {first}..{first + n - 1}, "
+                         f"beyond 65535")
+    if len(ranges) == 2 and args.port and args.data_transfer_port \
+            and abs(args.port - args.data_transfer_port) < n:
+        parser.error(f"with --processes {n}, the ports {args.port}..{args.port + n - 1} and the data-transfer "
+                     f"ports {args.data_transfer_port}..{args.data_transfer_port + n - 1} overlap")
+    _setup_logging(args.log_level)
+    group = WorkerProcesses(worker_command(worker_process_flags(args)), n, port=args.port,
+                            data_transfer_port=args.data_transfer_port if "--data-transfer-port" in ranges else 0,
+                            dispatcher_address=config.dispatcher_address)
+    shutdown = _Shutdown()
+    shutdown.install()
+    try:
+        group.run(shutdown.event)
+        return 0
+    except WorkerProcessesError as exc:
+        print(f"{parser.prog}: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    finally:
+        shutdown.restore()
 
 
 def _run_local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -1,4 +1,5 @@
-"""Real dispatcher, worker and client processes for the kill -9 tests (tests/test_kill9.py).
+"""Real dispatcher, worker and client processes for the tests that need them (tests/test_kill9.py,
+tests/test_cli.py, tests/test_worker_processes.py).
 
 ``Processes`` starts ``python -m dataservice ...`` (or any Python snippet) as
 subprocesses with this checkout importable, collects their stdout lines on a
@@ -11,6 +12,7 @@ Example::
     >>> with Processes(tmp_path) as procs:
     ...     dispatcher = procs.dispatcher()
     ...     worker = procs.worker(dispatcher.port)
+    ...     group = procs.worker_processes(dispatcher.port, 2)   # dataservice worker --processes 2
     ...     dispatcher.proc.send(signal.SIGKILL)
     ...     dispatcher = procs.dispatcher(port=dispatcher.port)     # same port
 """
@@ -33,6 +35,8 @@ from typing import Any, Callable, Iterable, Optional
 REPO = Path(__file__).resolve().parents[1]
 #: A loaded machine starts a Python process with grpc and numpy in a second or two.
 START_TIMEOUT_S = 30.0
+#: How long a server gets to exit after SIGTERM or SIGINT.
+STOP_TIMEOUT_S = 15.0
 
 #: Short timeouts so that losses are noticed within a second or so.
 DISPATCHER_FLAGS = ("--worker-timeout-ms", "1000", "--job-gc-check-interval-ms", "200")
@@ -161,6 +165,17 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
 
+    def stop(self, sig: int, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Sends ``sig`` and returns the exit code; AssertionError (after SIGKILL) when the process
+        does not exit within ``timeout_s``."""
+        self.send(sig)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            raise AssertionError(f"{self.args} did not exit within {timeout_s} s of {signal.Signals(sig).name}; "
+                                 f"stderr: {self.stderr[-4000:]}") from None
+
     def kill9(self, timeout_s: float = 10.0) -> None:
         """SIGKILL and reap (a killed process releases its ports only once it is gone)."""
         if self.popen.poll() is None:
@@ -246,6 +261,17 @@ class Processes:
         servers = [self.worker(dispatcher_port, wait=False) for _ in range(n)]
         return [self.await_worker(s) for s in servers]
 
+    def worker_processes(self, dispatcher_port: int, num_processes: int, *flags: str, port: int = 0,
+                         wait: bool = True) -> "WorkerProcessGroup":
+        """``dataservice worker --processes N``: a supervisor and its N worker processes."""
+        proc = self.spawn("-m", "dataservice", "worker", "--dispatcher", f"localhost:{dispatcher_port}",
+                          "--port", str(port), "--processes", str(num_processes), *WORKER_FLAGS, *flags,
+                          name="supervisor")
+        group = WorkerProcessGroup(proc, num_processes)
+        if wait:
+            group.await_start()
+        return group
+
     def python(self, code: str, *args: str, name: str = "client") -> Proc:
         """``python -c code args...``."""
         return self.spawn("-c", code, *args, name=name)
@@ -270,6 +296,84 @@ class Processes:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclasses.dataclass
+class WorkerProcessGroup:
+    """A ``dataservice worker --processes N`` supervisor; ``await_start`` fills in the ports and pids
+    (in process order) from its summary line."""
+
+    proc: Proc
+    num_processes: int
+    ports: list[int] = dataclasses.field(default_factory=list)
+    pids: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"localhost:{port}" for port in self.ports]
+
+    def await_start(self, timeout_s: float = START_TIMEOUT_S) -> "WorkerProcessGroup":
+        summary = self.proc.wait_for_line(rf"^{self.num_processes} worker processes started \(dispatcher \S+; "
+                                          rf"ports ([\d, ]+); pids ([\d, ]+)\)$", timeout_s)
+        self.ports = [int(p) for p in summary.group(1).split(", ")]
+        self.pids = [int(p) for p in summary.group(2).split(", ")]
+        listening = {int(m.group(1)) for line in self.proc.lines
+                     if (m := re.match(r"^worker listening on localhost:(\d+) ", line))}
+        assert listening == set(self.ports) and len(self.ports) == self.num_processes, self.proc.lines
+        return self
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux: /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def child_pids(pid: int) -> set[int]:
+    """The live children of process ``pid`` (Linux: /proc)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            children.add(int(entry))
+    return children
+
+
+def run_cli(env: dict, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    """``python -m dataservice args...`` to completion."""
+    return subprocess.run([sys.executable, "-m", "dataservice", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout_s)
+
+
+def poll_status(env: dict, port: int, predicate: Callable[[dict], bool], what: str, timeout_s: float = 20.0) -> dict:
+    """Runs ``dataservice status --json`` until ``predicate`` holds; each run takes long enough
+    that no sleep is needed between them."""
+    deadline = time.monotonic() + timeout_s
+    status: dict = {}
+    while time.monotonic() < deadline:
+        result = run_cli(env, "status", "--dispatcher", f"localhost:{port}", "--json")
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        if predicate(status):
+            return status
+    raise AssertionError(f"status never showed {what} within {timeout_s} s; last: {status}")
+
+
+def assert_clean_exit(proc: Proc, sig: int) -> None:
+    """``sig`` makes ``proc`` exit with code 0, without a traceback."""
+    code = proc.stop(sig)
+    assert code == 0, f"{proc.args} exited with {code} on {signal.Signals(sig).name}: {proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 def registered_workers(dispatcher_port: int, timeout_s: float = 5.0) -> set[str]:

@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import pytest
 
 import dataservice as ds
 from dataservice import cli
-
-REPO = Path(__file__).resolve().parents[1]
-#: Generous: a loaded CI machine starts a Python process with grpc in about a second.
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
+from tests.processes import (REPO, Proc, Processes, assert_clean_exit, free_port, poll_status, run_cli,
+                             subprocess_env)
 
 THROUGHPUT_LINE = re.compile(r"read [\d,]+ elements \([\d,]+ batches\) in [\d.]+ s: [\d,]+ elements/s, [\d,.]+ MB/s")
 
@@ -41,123 +35,17 @@ THROUGHPUT_LINE = re.compile(r"read [\d,]+ elements \([\d,]+ batches\) in [\d.]+
 @pytest.fixture
 def cli_env() -> dict:
     """The environment for subprocesses: this checkout's packages importable, output unbuffered."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("DATASERVICE_SERVICE", None)
-    return env
-
-
-class Proc:
-    """A subprocess whose stdout lines are collected by a thread (so reading never blocks
-    past a deadline) and whose stderr goes to a file (for failure messages)."""
-
-    def __init__(self, args: list[str], env: dict, tmp_dir: Path):
-        self.args = args
-        self._stderr_path = tmp_dir / f"stderr-{len(list(tmp_dir.glob('stderr-*')))}.txt"
-        self._stderr = open(self._stderr_path, "w")
-        self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
-                                      cwd=REPO)
-        self.lines: list[str] = []
-        self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.popen.stdout:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    @property
-    def stderr(self) -> str:
-        self._stderr.flush()
-        return self._stderr_path.read_text()
-
-    def wait_for_line(self, pattern: str, timeout_s: float = START_TIMEOUT_S) -> re.Match:
-        """The first stdout line matching ``pattern``; fails at the deadline or when the process exits."""
-        regex = re.compile(pattern)
-        for line in self.lines:
-            if match := regex.search(line):
-                return match
-        deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if line is None:
-                pytest.fail(f"{self.args} exited with code {self.popen.wait()} before printing /{pattern}/; "
-                            f"stdout: {''.join(self.lines)!r}; stderr: {self.stderr}")
-            self.lines.append(line)
-            if match := regex.search(line):
-                return match
-        pytest.fail(f"{self.args} printed no line matching /{pattern}/ within {timeout_s} s; "
-                    f"stdout: {''.join(self.lines)!r}; stderr: {self.stderr}")
-
-    def stop(self, sig: int, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """Sends ``sig``; the exit code, or a failure when it does not exit in time."""
-        self.popen.send_signal(sig)
-        try:
-            return self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"{self.args} did not exit within {timeout_s} s of {signal.Signals(sig).name}; "
-                        f"stderr: {self.stderr}")
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=10)
-        self._stderr.close()
+    return subprocess_env()
 
 
 @pytest.fixture
-def spawn(cli_env: dict, tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     """Starts ``python -m <module> args...``; every process still running at the end is killed."""
-    procs: list[Proc] = []
+    with Processes(tmp_path) as procs:
+        def start(*args: str, module: str = "dataservice") -> Proc:
+            return procs.spawn("-m", module, *args, name=args[0] if args else module)
 
-    def start(*args: str, module: str = "dataservice") -> Proc:
-        proc = Proc([sys.executable, "-m", module, *args], cli_env, tmp_path)
-        procs.append(proc)
-        return proc
-
-    try:
         yield start
-    finally:
-        for proc in procs:
-            proc.kill()
-
-
-def run_cli(cli_env: dict, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dataservice", *args], capture_output=True, text=True,
-                          env=cli_env, cwd=REPO, timeout=timeout_s)
-
-
-def unused_port() -> int:
-    # Nobody listens on it once the socket is closed: a dead dispatcher.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def poll_status(cli_env: dict, port: int, predicate: Callable[[dict], bool], what: str,
-                timeout_s: float = 20.0) -> dict:
-    """Runs ``dataservice status --json`` until ``predicate`` holds; each run takes long enough
-    that no sleep is needed between them."""
-    deadline = time.monotonic() + timeout_s
-    status: dict = {}
-    while time.monotonic() < deadline:
-        result = run_cli(cli_env, "status", "--dispatcher", f"localhost:{port}", "--json")
-        assert result.returncode == 0, result.stderr
-        status = json.loads(result.stdout)
-        if predicate(status):
-            return status
-    pytest.fail(f"status never showed {what} within {timeout_s} s; last: {status}")
-
-
-def assert_clean_exit(proc: Proc, sig: int) -> None:
-    code = proc.stop(sig)
-    assert code == 0, f"{proc.args} exited with {code} on {signal.Signals(sig).name}: {proc.stderr}"
-    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 # --- help and argument errors (in-process) ---------------------------------------------------
@@ -165,8 +53,8 @@ def assert_clean_exit(proc: Proc, sig: int) -> None:
 FLAGS = {
     "dispatcher": ["--port", "--work-dir", "--fault-tolerant", "--job-gc-check-interval-ms", "--job-gc-timeout-ms",
                    "--worker-timeout-ms", "--client-timeout-ms", "--log-level"],
-    "worker": ["--dispatcher", "--port", "--worker-address", "--heartbeat-interval-ms", "--dispatcher-timeout-ms",
-               "--log-level"],
+    "worker": ["--dispatcher", "--port", "--worker-address", "--processes", "--heartbeat-interval-ms",
+               "--dispatcher-timeout-ms", "--log-level"],
     "status": ["--dispatcher", "--json", "--timeout-ms"],
     "local": ["--workers", "--port", "--work-dir", "--fault-tolerant", "--log-level"],
 }
@@ -211,6 +99,17 @@ def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture) -> Non
     (["dispatcher", "--worker-timeout-ms", "0"], "argument --worker-timeout-ms: expected a positive number"),
     (["worker", "--dispatcher", "localhost:5050", "--heartbeat-interval-ms", "x"], "--heartbeat-interval-ms"),
     (["local", "--workers", "0"], "argument --workers: expected a positive integer"),
+    (["worker", "--dispatcher", "h:1", "--processes", "0"],
+     "argument --processes: expected a positive integer or 'auto' (one process per core), got '0'"),
+    (["worker", "--dispatcher", "h:1", "--processes", "-2"], "argument --processes: expected a positive integer"),
+    (["worker", "--dispatcher", "h:1", "--processes", "foo"], "argument --processes: expected a positive integer"),
+    (["worker", "--dispatcher", "h:1", "--processes", "2", "--worker-address", "w1:5051"],
+     "--worker-address 'w1:5051' must contain %port% with --processes 2: each process listens on a port of its "
+     "own, and clients tell the processes apart by it (e.g. w1:%port%)"),
+    (["worker", "--dispatcher", "h:1", "--processes", "2", "--port", "65535"],
+     "--port 65535 with --processes 2 needs the ports 65535..65536, beyond 65535"),
+    (["worker", "--dispatcher", "h:1", "--processes", "3", "--port", "6000", "--data-transfer-port", "6002"],
+     "the ports 6000..6002 and the data-transfer ports 6002..6004 overlap"),
     (["dispatcher", "--log-level", "LOUD"], "log level must be one of"),
     (["status", "--dispatcher", "localhost:5050", "--timeout-ms", "-5"], "argument --timeout-ms"),
     ([], "the following arguments are required: COMMAND"),
@@ -243,6 +142,33 @@ def test_configs_from_arguments() -> None:
     assert parser.parse_args(["dispatcher", "--log-level", "debug"]).log_level == "DEBUG"
 
 
+def test_processes_flag() -> None:
+    from dataservice.worker.processes import available_cpus
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["worker", "--dispatcher", "h:1"]).processes == 1
+    assert parser.parse_args(["worker", "--dispatcher", "h:1", "--processes", "3"]).processes == 3
+    assert parser.parse_args(["worker", "--dispatcher", "h:1", "--processes", "auto"]).processes == available_cpus()
+    assert available_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_worker_processes_get_every_flag_but_their_ports() -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(
+        ["worker", "--dispatcher", "d:1", "--port", "7000", "--worker-address", "h:%port%", "--processes", "3",
+         "--heartbeat-interval-ms", "250", "--dispatcher-timeout-ms", "900", "--data-transfer-protocol", "grpc",
+         "--data-transfer-port", "7100", "--log-level", "DEBUG"])
+    defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
+    worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]
+    dests = {a.dest for a in worker._actions if a.option_strings and a.dest != "help"}
+    # Every flag is set above to a value other than its default: a flag added later must be added there too.
+    assert {d for d in dests if getattr(args, d) == getattr(defaults, d)} == set()
+    child = parser.parse_args(["worker", *cli.worker_process_flags(args)])
+    per_process = {"port", "data_transfer_port", "processes"}  # set by the supervisor for each process
+    assert {d: getattr(child, d) for d in dests - per_process} == {d: getattr(args, d) for d in dests - per_process}
+    assert not per_process & {a.lstrip("-").replace("-", "_") for a in cli.worker_process_flags(args)}
+
+
 def test_status_formats_a_table() -> None:
     import io
 
@@ -271,7 +197,7 @@ def test_status_formats_a_table() -> None:
 
 @pytest.mark.slow
 def test_status_of_a_dead_dispatcher_exits_2_quickly(cli_env: dict) -> None:
-    port = unused_port()
+    port = free_port()  # nobody listens on it: a dead dispatcher
     start = time.monotonic()
     result = run_cli(cli_env, "status", "--dispatcher", f"localhost:{port}", "--timeout-ms", "500")
     elapsed = time.monotonic() - start
@@ -287,6 +213,7 @@ def test_status_of_a_dead_dispatcher_exits_2_quickly(cli_env: dict) -> None:
 @pytest.mark.parametrize("args, message", [
     (["worker", "--dispatcher", "nonsense"], "malformed dispatcher address"),
     (["dispatcher", "--fault-tolerant"], "--fault-tolerant requires --work-dir"),
+    (["worker", "--dispatcher", "localhost:5050", "--processes", "0"], "argument --processes: expected a positive"),
 ])
 def test_invalid_arguments_in_a_real_process(cli_env: dict, args: list[str], message: str) -> None:
     result = run_cli(cli_env, *args)

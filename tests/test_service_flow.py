@@ -6,13 +6,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from dataservice import (Dataset, DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer, distribute, errors,
                          register_dataset)
-from dataservice.client import reader as reader_module
+from dataservice.client.transports import ReceivedFrame
 from dataservice.client.reader import IterationReader
 from dataservice.data.serialization import serialize_dataset
 from dataservice.proto import state_pb2
@@ -97,6 +98,48 @@ def test_max_outstanding_requests_bounds_what_the_client_buffers(cluster):
         client.close()
 
 
+def _client_bytes(snapshot: tracemalloc.Snapshot) -> int:
+    """Bytes still allocated by the client's code (receive buffers, frames, queues)."""
+    client = snapshot.filter_traces([tracemalloc.Filter(True, "*dataservice/client/*", all_frames=True)])
+    return sum(stat.size for stat in client.statistics("filename"))
+
+
+def test_client_memory_is_bounded_by_max_outstanding_requests_times_element_size():
+    # The bound: max_outstanding_requests x element size plus a fixed overhead. Large
+    # arrays arrive each in a buffer of its own, so an element the consumer drops (as a training
+    # loop does) frees or recycles its memory at once, whatever frame it came in. One worker, so
+    # that the first response carries `limit` elements in one frame.
+    limit, n, element_bytes = 8, 40, 256 * 1024
+    dataset = Dataset.range(n).map(lambda x: np.full(element_bytes // 8, x, np.float64))
+    with TestCluster(num_workers=1) as one:
+        client = DispatcherClient(one.dispatcher_address, timeout_ms=5_000)
+        reader = None
+        tracemalloc.start()
+        try:
+            dataset_id = client.register_dataset(serialize_dataset(dataset), dataset.num_splits())
+            job_id = client.get_or_create_job(dataset_id, state_pb2.PARALLEL_EPOCHS, "")
+            reader = IterationReader(client, job_id, 0, max_outstanding_requests=limit)
+            got, peak = 0, 0
+            while got < n:
+                want = min(limit, n - got)
+                wait_until(lambda: _buffered(reader) >= want, 10, f"the client to buffer {want} elements")
+                peak = max(peak, _client_bytes(tracemalloc.take_snapshot()))
+                element = next(reader)
+                assert element[0] == element[-1] == got and element.nbytes == element_bytes
+                del element
+                got += 1
+            # One element more than the limit: the one the consumer holds (its buffer is recycled once
+            # dropped). The fixed part: the connection's 64 KiB scratch buffer, prefixes, bookkeeping.
+            fixed_overhead = 128 * 1024
+            bound = (limit + 1) * element_bytes + fixed_overhead
+            assert limit * element_bytes <= peak <= bound, f"peak {peak} bytes, bound {bound}"
+        finally:
+            tracemalloc.stop()
+            if reader is not None:
+                reader.close()
+            client.close()
+
+
 def test_max_outstanding_requests_of_one_still_reads_everything(cluster):
     dataset = Dataset.range(50).apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=1))
     assert sorted(ints(dataset)) == list(range(50))
@@ -122,14 +165,14 @@ def test_element_larger_than_a_grpc_message_arrives_intact():
 
 def test_many_small_elements_travel_many_to_a_response(cluster, monkeypatch):
     frame_sizes = []
-    decode = reader_module.decode_elements
+    decode = ReceivedFrame.decode
 
-    def counting_decode(buf):
-        elements = decode(buf)
+    def counting_decode(frame):
+        elements = decode(frame)
         frame_sizes.append(len(elements))
         return elements
 
-    monkeypatch.setattr(reader_module, "decode_elements", counting_decode)
+    monkeypatch.setattr(ReceivedFrame, "decode", counting_decode)
     n = 50_000
     dataset = Dataset.range(n).apply(distribute("distributed_epoch", cluster.target))
     assert sorted(ints(dataset)) == list(range(n))
@@ -353,3 +396,28 @@ def test_in_flight_client_and_a_new_read_after_a_dispatcher_restart(cluster):
         run_with_deadline(drain_old, 20)
     got_new += run_with_deadline(lambda: [int(x) for x in new], 20)
     assert sorted(got_new) == sorted(list(range(400)) * 2)
+
+
+# --- both data-transfer protocols ---------------------------------------------------------------
+
+def _mixed_element(x):
+    # A large array (out of band), one larger than a gRPC chunk now and then, small ones, text.
+    size = 5 * 1024 * 1024 if x % 10 == 0 else 100_000
+    return {"big": np.full(size // 4, x, np.float32), "small": np.arange(x % 7), "label": np.int64(x),
+            "name": f"e{x}"}
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "grpc"])
+def test_both_data_transfer_protocols_deliver_the_same_elements(protocol):
+    with TestCluster(num_workers=0) as one:
+        worker = one.add_worker(data_transfer_protocol=protocol)
+        one.wait_for_workers(1)
+        assert bool(worker.data_address) == (protocol == "tcp")
+        dataset = Dataset.range(30).map(_mixed_element).apply(distribute("distributed_epoch", one.target))
+        elements = sorted(dataset, key=lambda e: int(e["label"]))
+    assert [int(e["label"]) for e in elements] == list(range(30))
+    for x, e in enumerate(elements):
+        assert e["name"] == f"e{x}"
+        np.testing.assert_array_equal(e["small"], np.arange(x % 7))
+        assert e["big"].dtype == np.float32 and e["big"].flags.writeable
+        assert e["big"][0] == e["big"][-1] == x and e["big"].nbytes == (5 << 20 if x % 10 == 0 else 100_000)

@@ -25,11 +25,12 @@ from typing import Any, Optional
 
 
 from dataservice import errors
+from dataservice.client.buffer_pool import BufferPool
 from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
-from dataservice.service.wire import decode_elements
+from dataservice.service.wire import WireFormatError
 
 __all__ = ["IterationReader", "DEFAULT_MAX_OUTSTANDING_REQUESTS", "MAX_BUFFERED_BYTES"]
 
@@ -115,6 +116,8 @@ class IterationReader:
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
         self._credits = _Credits(max_outstanding_requests)
+        # Whatever the fetchers can have buffered, plus one response in flight each.
+        self._pool = BufferPool(MAX_BUFFERED_BYTES + MAX_RESPONSE_BYTES)
         self._max_per_request = max_outstanding_requests
         self._out: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -271,7 +274,7 @@ class IterationReader:
 
     def _fetch(self, task: dispatcher_pb2.TaskDef) -> None:
         task_id = task.task_id
-        transport = connect(task)
+        transport = connect(task, self._pool)
         backoff = 0.05
         try:
             while not self._stop.is_set() and task_id not in self._revoked:
@@ -281,7 +284,7 @@ class IterationReader:
                 request = worker_pb2.GetElementsRequest(task_id=task_id, client_id=self.client_id, max_elements=n,
                                                         max_bytes=MAX_RESPONSE_BYTES, wait_ms=GET_ELEMENTS_WAIT_MS)
                 try:
-                    head, data = transport.get(request)
+                    head, frame = transport.get(request)
                 except TransientError:
                     # A worker that died, stalled or restarted: the dispatcher decides (within
                     # worker_timeout_ms) whether its task is revoked; until then, keep trying.
@@ -298,14 +301,21 @@ class IterationReader:
                     self._credits.release(n)
                     self._out.put(_remote_error(head))
                     return
-                elements = decode_elements(data) if head.num_elements else []
+                try:
+                    elements = frame.decode() if head.num_elements else []
+                except WireFormatError as exc:
+                    self._credits.release(n)
+                    self._out.put(errors.ServiceError(f"task {task_id}: a malformed frame of elements from "
+                                                      f"{task.worker_address}: {exc}"))
+                    return
                 kept = self._accept(task_id, elements, head.runs)
                 if kept is None:
                     self._credits.release(n)
                     return
-                self._credits.release(n - len(kept), len(data) if kept else 0)
+                nbytes = frame.nbytes if kept else 0
+                self._credits.release(n - len(kept), nbytes)
                 if kept:
-                    self._out.put((kept, len(data)))
+                    self._out.put((kept, nbytes))
                 if head.end_of_sequence:
                     return
         finally:

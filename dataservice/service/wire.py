@@ -1,17 +1,26 @@
 """The wire format of elements between workers and clients.
 
 A frame holds a list of elements. numpy arrays travel as raw buffers (dtype,
-shape, bytes) aligned to 8 bytes, decoded as zero-copy views into the received
-buffer; a list of numpy scalars of one dtype (a batch of small elements) travels
-as a single column. Only objects with no numpy form (None, arbitrary classes,
-object arrays) are pickled.
+shape, bytes); a list of numpy scalars of one dtype (a batch of small elements)
+travels as a single column. Only objects with no numpy form (None, arbitrary
+classes, object arrays) are pickled.
+
+Arrays of ``OUT_OF_BAND_BYTES`` or more travel *out of band*, after the rest
+of the frame (the prefix), like pickle protocol 5's buffers: a sender hands
+their numpy memory straight to the socket, and a receiver reads each one into
+a buffer of its own, which becomes the decoded array. So no large array is
+copied in Python at either end, and each is freed as soon as its consumer
+drops it (a frame's other elements do not keep it alive, nor it them). Smaller
+arrays stay in the prefix, 8-byte aligned, and decode as views into it.
 
 Frame layout (little endian)::
 
-    b"DSW1" | u32 count | u8 layout
-    layout COLUMN:  u8 len | dtype.str | raw array of `count` scalars
-    layout GENERAL: `count` encoded values, each a tag byte then its body:
+    prefix:  b"DSW2" | u32 count | u8 layout | u32 nbuf | pad to 16 | u64 size * nbuf | body | pad to 8
+    then:    nbuf out-of-band buffers, each padded to a multiple of 8 (``size`` includes the padding)
+    body, layout COLUMN:  u8 len | dtype.str | raw array of `count` scalars
+    body, layout GENERAL: `count` encoded values, each a tag byte then its body:
       a ndarray  u8 len | dtype.str | u8 ndim | u64*ndim shape | pad to 8 | raw bytes
+      A ndarray out of band: u8 len | dtype.str | u8 ndim | u64*ndim shape (data: the next buffer)
       s scalar   u8 len | dtype.str | raw itemsize bytes
       b bytes    u64 len | data          u str  u64 len | utf-8
       t tuple    u32 n | n values        d dict u32 n | n (key, value) pairs
@@ -20,34 +29,68 @@ Frame layout (little endian)::
 
 Example::
 
-    >>> data = b"".join(encode_elements([np.arange(3), (b"x", {"y": np.int64(1)})]))
-    >>> decode_elements(bytearray(data))
+    >>> frame = encode_elements([np.arange(3), (b"x", {"y": np.int64(1)})])
+    >>> decode_elements(bytearray(b"".join(frame.parts)))
     [array([0, 1, 2]), (b'x', {'y': np.int64(1)})]
+    >>> prefix = bytearray(b"".join(frame.prefix))          # a receiver reads the prefix,
+    >>> sizes = buffer_sizes(prefix)                        # learns the buffers' sizes,
+    >>> decode_frame(prefix, [receive(n) for n in sizes])   # reads each into its own buffer
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import struct
 from typing import Any, Iterator, Sequence, Union
 
 import numpy as np
 
-__all__ = ["encode_elements", "decode_elements", "iter_chunks", "WireFormatError", "encoded_size"]
+__all__ = ["encode_elements", "decode_elements", "decode_frame", "buffer_sizes", "prefix_size", "iter_chunks",
+           "EncodedFrame", "WireFormatError", "OUT_OF_BAND_BYTES", "FIXED_PREFIX_BYTES"]
 
-MAGIC = b"DSW1"
-_HEADER = struct.Struct("<4sIB")
+MAGIC = b"DSW2"
+_HEADER = struct.Struct("<4sIBI")
+#: The prefix's fixed part: magic, count, layout, number of buffers, padding.
+FIXED_PREFIX_BYTES = 16
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _COLUMN, _GENERAL = 0, 1
 _ZEROS = bytes(8)
+#: Arrays this large or larger travel out of band (see the module docstring). One more
+#: receive call per array costs a few microseconds: at 64 KiB that is a fraction of the copy.
+OUT_OF_BAND_BYTES = 64 * 1024
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
 
 
 class WireFormatError(ValueError):
     """A frame that does not decode: truncated, or not a dataservice frame."""
+
+
+@dataclasses.dataclass
+class EncodedFrame:
+    """One frame as buffers to send: ``prefix`` then ``buffers`` (each already padded)."""
+
+    prefix: list
+    buffers: list
+
+    @property
+    def parts(self) -> list:
+        return self.prefix + self.buffers
+
+    @property
+    def prefix_nbytes(self) -> int:
+        return sum(_nbytes(p) for p in self.prefix)
+
+    @property
+    def nbytes(self) -> int:
+        return self.prefix_nbytes + sum(_nbytes(b) for b in self.buffers)
+
+
+def _nbytes(part: Buffer) -> int:
+    return part.nbytes if isinstance(part, (memoryview, np.ndarray)) else len(part)
 
 
 def _dtype_code(dtype: np.dtype) -> bytes:
@@ -55,53 +98,59 @@ def _dtype_code(dtype: np.dtype) -> bytes:
     return _U8.pack(len(code)) + code
 
 
-def _encode(value: Any, parts: list, size: list) -> None:
-    # ``size`` is a one-item list: the running length, for 8-byte alignment of array data.
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "OV":
-        if not value.flags.c_contiguous:
-            value = np.ascontiguousarray(value)
-        head = b"a" + _dtype_code(value.dtype) + _U8.pack(value.ndim) + b"".join(_U64.pack(d) for d in value.shape)
-        pad = -(size[0] + len(head)) % 8
-        parts.append(head + _ZEROS[:pad])
-        data = memoryview(value).cast("B") if value.size else b""
-        parts.append(data)
-        size[0] += len(head) + pad + value.nbytes
-    elif isinstance(value, np.generic) and value.dtype.kind not in "OV":
-        body = b"s" + _dtype_code(value.dtype) + value.tobytes()
-        parts.append(body)
-        size[0] += len(body)
-    elif type(value) is bytes:
-        body = b"b" + _U64.pack(len(value)) + value
-        parts.append(body)
-        size[0] += len(body)
-    elif type(value) is str:
-        raw = value.encode("utf-8")
-        body = b"u" + _U64.pack(len(raw)) + raw
-        parts.append(body)
-        size[0] += len(body)
-    elif type(value) is tuple:
-        parts.append(b"t" + _U32.pack(len(value)))
-        size[0] += 5
-        for v in value:
-            _encode(v, parts, size)
-    elif type(value) is dict:
-        parts.append(b"d" + _U32.pack(len(value)))
-        size[0] += 5
-        for k, v in value.items():
-            _encode(k, parts, size)
-            _encode(v, parts, size)
-    elif isinstance(value, tuple) and hasattr(value, "_fields"):
-        kind = pickle.dumps(type(value), protocol=5)
-        head = b"n" + _U32.pack(len(kind)) + kind + _U32.pack(len(value))
-        parts.append(head)
-        size[0] += len(head)
-        for v in value:
-            _encode(v, parts, size)
-    else:
-        blob = pickle.dumps(value, protocol=5)
-        body = b"p" + _U64.pack(len(blob)) + blob
-        parts.append(body)
-        size[0] += len(body)
+class _Encoder:
+    __slots__ = ("body", "size", "buffers")
+
+    def __init__(self) -> None:
+        self.body: list = []
+        self.size = 0  # bytes of body so far, for the 8-byte alignment of in-band array data
+        self.buffers: list = []
+
+    def add(self, part: bytes) -> None:
+        self.body.append(part)
+        self.size += len(part)
+
+    def encode(self, value: Any) -> None:
+        if isinstance(value, np.ndarray) and value.dtype.kind not in "OV":
+            if not value.flags.c_contiguous:
+                value = np.ascontiguousarray(value)
+            shape = _dtype_code(value.dtype) + _U8.pack(value.ndim) + b"".join(_U64.pack(d) for d in value.shape)
+            data = memoryview(value).cast("B") if value.size else b""
+            if value.nbytes >= OUT_OF_BAND_BYTES:
+                self.add(b"A" + shape)
+                self.buffers.append(data)
+                pad = -value.nbytes % 8
+                if pad:
+                    self.buffers.append(_ZEROS[:pad])
+                return
+            head = b"a" + shape
+            self.add(head + _ZEROS[:-(self.size + len(head)) % 8])
+            self.body.append(data)
+            self.size += value.nbytes
+        elif isinstance(value, np.generic) and value.dtype.kind not in "OV":
+            self.add(b"s" + _dtype_code(value.dtype) + value.tobytes())
+        elif type(value) is bytes:
+            self.add(b"b" + _U64.pack(len(value)) + value)
+        elif type(value) is str:
+            raw = value.encode("utf-8")
+            self.add(b"u" + _U64.pack(len(raw)) + raw)
+        elif type(value) is tuple:
+            self.add(b"t" + _U32.pack(len(value)))
+            for v in value:
+                self.encode(v)
+        elif type(value) is dict:
+            self.add(b"d" + _U32.pack(len(value)))
+            for k, v in value.items():
+                self.encode(k)
+                self.encode(v)
+        elif isinstance(value, tuple) and hasattr(value, "_fields"):
+            kind = pickle.dumps(type(value), protocol=5)
+            self.add(b"n" + _U32.pack(len(kind)) + kind + _U32.pack(len(value)))
+            for v in value:
+                self.encode(v)
+        else:
+            blob = pickle.dumps(value, protocol=5)
+            self.add(b"p" + _U64.pack(len(blob)) + blob)
 
 
 def _is_column(elements: Sequence) -> bool:
@@ -115,21 +164,32 @@ def _is_column(elements: Sequence) -> bool:
     return True
 
 
-def encode_elements(elements: Sequence) -> list[Buffer]:
-    """Encodes elements into a list of buffers whose concatenation is one frame."""
+def _table(count: int, layout: int, buffers: list) -> bytes:
+    """The prefix's header: fixed part and the out-of-band size table (a buffer's padding,
+    sent as a part of its own, counts toward its size)."""
+    sizes: list = []
+    for part in buffers:
+        if isinstance(part, bytes) and sizes:  # padding of the buffer before
+            sizes[-1] += len(part)
+        else:
+            sizes.append(_nbytes(part))
+    fixed = _HEADER.pack(MAGIC, count, layout, len(sizes))
+    return fixed + _ZEROS[:FIXED_PREFIX_BYTES - len(fixed)] + b"".join(_U64.pack(n) for n in sizes)
+
+
+def encode_elements(elements: Sequence) -> EncodedFrame:
+    """Encodes elements into one frame; large arrays' memory is referenced, not copied."""
     count = len(elements)
     if count and _is_column(elements):
         column = np.array(elements)
-        return [_HEADER.pack(MAGIC, count, _COLUMN) + _dtype_code(column.dtype), memoryview(column).cast("B")]
-    parts: list = [_HEADER.pack(MAGIC, count, _GENERAL)]
-    size = [_HEADER.size]
+        head = _table(count, _COLUMN, []) + _dtype_code(column.dtype)
+        return EncodedFrame([head, memoryview(column).cast("B"), _ZEROS[:-(len(head) + column.nbytes) % 8]], [])
+    encoder = _Encoder()
     for element in elements:
-        _encode(element, parts, size)
-    return parts
-
-
-def encoded_size(parts: Sequence[Buffer]) -> int:
-    return sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts)
+        encoder.encode(element)
+    if encoder.size % 8:  # so that the buffers after the prefix are 8-byte aligned in a whole frame
+        encoder.add(_ZEROS[:-encoder.size % 8])
+    return EncodedFrame([_table(count, _GENERAL, encoder.buffers)] + encoder.body, encoder.buffers)
 
 
 def iter_chunks(parts: Sequence[Buffer], chunk_bytes: int) -> Iterator[bytes]:
@@ -151,13 +211,42 @@ def iter_chunks(parts: Sequence[Buffer], chunk_bytes: int) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
-class _Reader:
-    __slots__ = ("buf", "view", "pos")
+# --- decoding -----------------------------------------------------------------------------------
 
-    def __init__(self, buf: Buffer):
+def _fixed(prefix: Buffer) -> tuple[int, int, int]:
+    if _nbytes(prefix) < FIXED_PREFIX_BYTES:
+        raise WireFormatError(f"truncated frame: {_nbytes(prefix)} bytes, shorter than a frame header")
+    magic, count, layout, nbuf = _HEADER.unpack_from(prefix, 0)
+    if magic != MAGIC:
+        raise WireFormatError(f"not a dataservice frame (magic {bytes(magic)!r})")
+    return count, layout, nbuf
+
+
+def buffer_sizes(prefix: Buffer) -> list[int]:
+    """The sizes of the out-of-band buffers that follow a frame's prefix (which must be whole
+    up to its size table: see ``prefix_size``)."""
+    _, _, nbuf = _fixed(prefix)
+    end = FIXED_PREFIX_BYTES + 8 * nbuf
+    if _nbytes(prefix) < end:
+        raise WireFormatError(f"truncated frame: the size table of {nbuf} buffers needs {end} bytes, "
+                              f"have {_nbytes(prefix)}")
+    return list(struct.unpack_from(f"<{nbuf}Q", prefix, FIXED_PREFIX_BYTES))
+
+
+def prefix_size(frame: Buffer) -> int:
+    """Where the out-of-band buffers of a whole frame start."""
+    return _nbytes(frame) - sum(buffer_sizes(frame))
+
+
+class _Reader:
+    __slots__ = ("buf", "view", "pos", "buffers", "next_buffer")
+
+    def __init__(self, buf: Buffer, start: int, buffers: Sequence[Buffer]):
         self.buf = buf
-        self.view = memoryview(buf)
-        self.pos = 0
+        self.view = memoryview(buf).cast("B")
+        self.pos = start
+        self.buffers = buffers
+        self.next_buffer = 0
 
     def take(self, n: int) -> memoryview:
         start = self.pos
@@ -179,22 +268,40 @@ class _Reader:
     def dtype(self) -> np.dtype:
         return np.dtype(bytes(self.take(self.u8())).decode())
 
+    def array_meta(self) -> tuple[np.dtype, tuple, int]:
+        dtype = self.dtype()
+        shape = tuple(self.u64() for _ in range(self.u8()))
+        count = 1
+        for d in shape:
+            count *= d
+        return dtype, shape, count
+
+    def out_of_band(self) -> Buffer:
+        if self.next_buffer >= len(self.buffers):
+            raise WireFormatError(f"frame refers to out-of-band buffer {self.next_buffer}, "
+                                  f"but has {len(self.buffers)}")
+        buffer = self.buffers[self.next_buffer]
+        self.next_buffer += 1
+        return buffer
+
 
 def _decode(r: _Reader) -> Any:
     tag = r.take(1).tobytes()
     if tag == b"a":
-        dtype = r.dtype()
-        ndim = r.u8()
-        shape = tuple(r.u64() for _ in range(ndim))
+        dtype, shape, count = r.array_meta()
         r.take(-r.pos % 8)
-        count = 1
-        for d in shape:
-            count *= d
         if count == 0:
             return np.zeros(shape, dtype)
         start = r.pos
         r.take(count * dtype.itemsize)
         return np.frombuffer(r.buf, dtype=dtype, count=count, offset=start).reshape(shape)
+    if tag == b"A":
+        dtype, shape, count = r.array_meta()
+        buffer = r.out_of_band()
+        if _nbytes(buffer) < count * dtype.itemsize:
+            raise WireFormatError(f"out-of-band buffer {r.next_buffer - 1} holds {_nbytes(buffer)} bytes, "
+                                  f"its {dtype} array of shape {shape} needs {count * dtype.itemsize}")
+        return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
     if tag == b"s":
         dtype = r.dtype()
         return np.frombuffer(r.take(dtype.itemsize), dtype=dtype)[0]
@@ -218,20 +325,41 @@ def _decode(r: _Reader) -> Any:
     raise WireFormatError(f"unknown value tag {tag!r} at offset {r.pos - 1}")
 
 
-def decode_elements(buf: Buffer) -> list:
-    """Decodes one frame. Arrays are views into ``buf`` (writable when ``buf`` is a bytearray)."""
-    r = _Reader(buf)
-    magic, count, layout = _HEADER.unpack(r.take(_HEADER.size))
-    if magic != MAGIC:
-        raise WireFormatError(f"not a dataservice frame (magic {magic!r})")
+def decode_frame(prefix: Buffer, buffers: Sequence[Buffer]) -> list:
+    """Decodes a frame received in pieces: its prefix, and its out-of-band buffers (as many, and
+    as large, as ``buffer_sizes(prefix)`` says). Arrays are views into these buffers, writable
+    when the buffers are; an out-of-band array is the whole of its buffer."""
+    count, layout, _ = _fixed(prefix)
+    sizes = buffer_sizes(prefix)
+    if len(buffers) != len(sizes) or any(_nbytes(b) != n for b, n in zip(buffers, sizes)):
+        raise WireFormatError(f"frame announces buffers of {sizes} bytes, got {[_nbytes(b) for b in buffers]}")
+    r = _Reader(prefix, FIXED_PREFIX_BYTES + 8 * len(sizes), buffers)
     if layout == _COLUMN:
         dtype = r.dtype()
         start = r.pos
         r.take(count * dtype.itemsize)
-        return list(np.frombuffer(buf, dtype=dtype, count=count, offset=start))
-    if layout != _GENERAL:
+        elements = list(np.frombuffer(prefix, dtype=dtype, count=count, offset=start))
+    elif layout == _GENERAL:
+        elements = [_decode(r) for _ in range(count)]
+    else:
         raise WireFormatError(f"unknown frame layout {layout}")
-    elements = [_decode(r) for _ in range(count)]
+    r.take(-r.pos % 8)  # the padding that aligns the buffers after the prefix
     if r.pos != len(r.view):
         raise WireFormatError(f"{len(r.view) - r.pos} trailing bytes after {count} elements")
+    if r.next_buffer != len(buffers):
+        raise WireFormatError(f"{len(buffers) - r.next_buffer} out-of-band buffers left after {count} elements")
     return elements
+
+
+def decode_elements(frame: Buffer) -> list:
+    """Decodes one whole frame, prefix and buffers in one piece (as gRPC delivers it)."""
+    view = memoryview(frame).cast("B")
+    sizes = buffer_sizes(view)
+    start = len(view) - sum(sizes)
+    if start < FIXED_PREFIX_BYTES + 8 * len(sizes):
+        raise WireFormatError(f"truncated frame: {len(view)} bytes cannot hold buffers of {sum(sizes)} bytes")
+    buffers = []
+    for n in sizes:
+        buffers.append(view[start:start + n])
+        start += n
+    return decode_frame(view[:len(view) - sum(sizes)], buffers)

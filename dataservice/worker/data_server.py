@@ -9,7 +9,11 @@ from its numpy buffer to the kernel without a copy in Python.
 Messages (little endian)::
 
     request:  u32 length | GetElementsRequest
-    response: u32 header length | u64 frame length | ElementChunk header (no data) | frame
+    response: u32 header length | u64 prefix length | u64 frame length
+              | ElementChunk header (no data) | frame (its prefix, then its out-of-band buffers)
+
+A reader learns from the prefix how large each out-of-band buffer (a large
+array) is and reads each into a buffer of its own (``dataservice.service.wire``).
 
 A connection that sends anything else is closed; the server goes on.
 
@@ -36,7 +40,7 @@ __all__ = ["DataServer", "REQUEST_HEADER", "RESPONSE_HEADER", "MAX_REQUEST_BYTES
 log = logging.getLogger("dataservice.worker")
 
 REQUEST_HEADER = struct.Struct("<I")
-RESPONSE_HEADER = struct.Struct("<IQ")
+RESPONSE_HEADER = struct.Struct("<IQQ")
 #: A request is a few small integers: anything longer is not one of ours.
 MAX_REQUEST_BYTES = 4096
 #: Largest number of buffers handed to one sendmsg call (the kernel's IOV_MAX is 1024).
@@ -57,13 +61,14 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
 
 def _send_all(sock: socket.socket, parts: list) -> None:
     views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        sent = sock.sendmsg(views[:_MAX_IOV])
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i:i + _MAX_IOV])
+        while i < len(views) and sent >= views[i].nbytes:
+            sent -= views[i].nbytes
+            i += 1
         if sent:
-            views[0] = views[0][sent:]
+            views[i] = views[i][sent:]
 
 
 def _error_response(kind: str, message: str) -> worker_pb2.ElementChunk:
@@ -128,22 +133,28 @@ class DataServer:
             prepared = prepare(self._worker, request)
         except UnknownTaskError as exc:
             # Not an error of the reader's pipeline: the task may not have arrived yet, or was revoked.
-            _send_all(conn, self._framed(_error_response("NotFound", str(exc)), 0))
+            _send_all(conn, [self._framed(_error_response("NotFound", str(exc)), 0, 0)])
             return
         except ValueError as exc:
-            _send_all(conn, self._framed(_error_response("InvalidArgument", str(exc)), 0))
+            _send_all(conn, [self._framed(_error_response("InvalidArgument", str(exc)), 0, 0)])
             return
-        frame_len = sum(memoryview(p).nbytes for p in prepared.parts)
+        frame = prepared.frame
+        if frame is None:
+            _send_all(conn, [self._framed(prepared.header, 0, 0)])
+            return
+        # The prefix's parts are small (in-band values): one copy into the header's buffer saves
+        # the kernel an iovec for each; the out-of-band buffers go from their numpy memory.
+        head = self._framed(prepared.header, frame.prefix_nbytes, frame.nbytes) + b"".join(frame.prefix)
         try:
-            _send_all(conn, self._framed(prepared.header, frame_len) + list(prepared.parts))
+            _send_all(conn, [head] + frame.buffers)
         except OSError:
             prepared.give_back()
             raise
 
     @staticmethod
-    def _framed(header: worker_pb2.ElementChunk, frame_len: int) -> list:
+    def _framed(header: worker_pb2.ElementChunk, prefix_len: int, frame_len: int) -> bytes:
         raw = header.SerializeToString()
-        return [RESPONSE_HEADER.pack(len(raw), frame_len) + raw]
+        return RESPONSE_HEADER.pack(len(raw), prefix_len, frame_len) + raw
 
     def stop(self) -> None:
         self._stopped.set()

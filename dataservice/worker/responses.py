@@ -9,7 +9,7 @@ returns the elements to the task so that nothing is lost with the response.
 Example::
 
     >>> prepared = prepare(worker, worker_pb2.GetElementsRequest(task_id=7, max_elements=64))
-    >>> prepared.header.num_elements, sum(len(p) for p in prepared.parts)
+    >>> prepared.header.num_elements, prepared.frame.nbytes
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Optional, Protocol
 
 from dataservice.proto import worker_pb2
 from dataservice.service.rpc import CHUNK_BYTES
-from dataservice.service.wire import encode_elements
+from dataservice.service.wire import EncodedFrame, encode_elements
 from dataservice.worker.task_runner import TaskRunner
 
 __all__ = ["prepare", "Prepared", "TaskSource", "UnknownTaskError", "TASK_ARRIVAL_WAIT_S", "MAX_WAIT_S"]
@@ -47,10 +47,16 @@ class UnknownTaskError(LookupError):
 @dataclasses.dataclass
 class Prepared:
     header: worker_pb2.ElementChunk
-    parts: list
+    #: The frame of elements (None for an error); see ``dataservice.service.wire``.
+    frame: Optional[EncodedFrame]
     _runner: Optional[TaskRunner] = None
     _elements: Optional[list] = None
     _runs: Optional[list] = None
+
+    @property
+    def parts(self) -> list:
+        """The frame's buffers, prefix first; none for an error."""
+        return self.frame.parts if self.frame is not None else []
 
     def give_back(self) -> None:
         """The response did not reach the reader: return its elements to the task."""
@@ -75,14 +81,14 @@ def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepa
     wait_s = min(max(request.wait_ms, 0) / 1000, MAX_WAIT_S)
     elements, runs, ended, error = runner.take(request.max_elements, request.max_bytes or CHUNK_BYTES, wait_s)
     if error is not None and not elements:
-        return Prepared(_error_header(error, worker.address), [])
+        return Prepared(_error_header(error, worker.address), None)
     try:
-        parts = encode_elements(elements)
+        frame = encode_elements(elements)
     except Exception as exc:  # an element with no wire form: report it like a user error
         log.warning("task %d: cannot encode an element: %s", request.task_id, exc)
-        return Prepared(_error_header(exc, worker.address), [])
+        return Prepared(_error_header(exc, worker.address), None)
     header = worker_pb2.ElementChunk(
         num_elements=len(elements), end_of_sequence=ended and error is None, worker_address=worker.address,
         runs=[worker_pb2.ElementRun(stream_id=r[0], split_index=r[1], first_offset=r[2], count=r[3],
                                     split_total=r[4]) for r in runs])
-    return Prepared(header, parts, runner, elements, runs)
+    return Prepared(header, frame, runner, elements, runs)
