@@ -39,6 +39,10 @@ Workloads (each in both processing modes, one worker unless stated):
    and with 2; elements/s (all workers' elements) and the speedup (target 1.7x on 2 cores). TensorFlow cannot
    run Python on its workers (``tf.py_function`` stays in the client), so its ``f`` is a ``tf.while_loop``
    calibrated to the same time per element; compare the speedups.
+7. ``float_arrays_tcp``: workload 2 with ``distribute(data_transfer_protocol="tcp")``: the path between hosts.
+   By default a client on the worker's host copies large arrays straight out of the worker's memory (one
+   copy instead of TCP's two; ``dataservice.service.cross_memory``), which is what workload 2 measures here,
+   where everything runs on one host. Compared with tf.data service's workload 2.
 
 Method: every run starts fresh processes (dispatcher, workers and client; the
 client's imports overlap the workers' start-up), waits until the workers are
@@ -332,7 +336,7 @@ def build_rows(measurements: list[Measurement], quick: bool, tf_enabled: bool) -
 
     def add(label: str, mode: str, unit: str, key: str, workers: int, pick) -> None:
         ours, ours_error = cell("ours", key, mode, workers, pick)
-        theirs, tf_error = cell("tf", key, mode, workers, pick)
+        theirs, tf_error = cell("tf", WORKLOADS[key].tf_counterpart or key, mode, workers, pick)
         rows.append({"workload": label, "mode": mode, "unit": unit, "ours": ours, "tf": theirs,
                      "ours_error": ours_error, "tf_error": tf_error if tf_enabled else None})
 
@@ -344,7 +348,7 @@ def build_rows(measurements: list[Measurement], quick: bool, tf_enabled: bool) -
         for mode in modes:
             if key in ("range",):
                 add(f"{title} [el/s]", mode, "el/s", key, 1, lambda r: r["elements_per_s"])
-            elif key in ("float_arrays", "image_batches"):
+            elif key in ("float_arrays", "image_batches", "float_arrays_tcp"):
                 add(f"{title} [MB/s]", mode, "MB/s", key, 1, lambda r: r["mb_per_s"])
                 if key == "float_arrays":
                     add("2b. client peak RSS, workload 2, default max_outstanding_requests [MB]", mode, "MB", key,
@@ -439,6 +443,8 @@ def main(argv: Optional[list] = None) -> int:
             n = workload.size(args.quick)
             for mode in args.modes:
                 for side, python in sides.items():
+                    if side == "tf" and workload.tf_counterpart:
+                        continue  # measured on its own row
                     extra: tuple = ()
                     if key == "cpu_map":
                         if side not in calibration:

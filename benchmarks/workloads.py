@@ -56,6 +56,10 @@ class Workload:
     bytes_each: bool = False
     #: Worker counts to measure; the cpu_map workload compares 1 and 2.
     worker_counts: tuple = (1,)
+    #: Our client's ``distribute(data_transfer_protocol=...)``.
+    data_transfer_protocol: Optional[str] = None
+    #: Measured on our service only; the table compares it with this workload of tf.data service's.
+    tf_counterpart: Optional[str] = None
 
     def size(self, quick: bool) -> int:
         return self.quick_n if quick else self.n
@@ -74,6 +78,8 @@ WORKLOADS: dict[str, Workload] = {w.key: w for w in [
              "client peak RSS (MB)", max_outstanding_requests=8),
     Workload("cpu_map", "6. range({n}).map(pure-Python busy loop)", 8000, 2000, "speedup",
              worker_counts=(1, 2)),
+    Workload("float_arrays_tcp", "7. workload 2 over TCP only (data_transfer_protocol='tcp')", 3000, 300, "MB/s",
+             data_transfer_protocol="tcp", tf_counterpart="float_arrays"),
 ]}
 
 #: Names accepted by ``--workloads`` besides the workload keys.
@@ -248,7 +254,7 @@ def our_dataset(workload: Workload, n: int, busy_iters: int):
 
     if workload.key in ("range", "first_element"):
         return Dataset.range(n)
-    if workload.key in ("float_arrays", "client_rss"):
+    if workload.key in ("float_arrays", "client_rss", "float_arrays_tcp"):
         return Dataset.range(n).map(float_array)
     if workload.key == "image_batches":
         return Dataset.range(n).map(image_and_label).batch(BATCH_SIZE)
@@ -282,7 +288,8 @@ def _our_client(args: argparse.Namespace) -> int:
         outstanding = args.max_outstanding_requests or WORKLOADS[args.workload].max_outstanding_requests
 
         def make_iterator() -> Iterator:
-            return iter(dataset.apply(distribute(args.mode, args.service, max_outstanding_requests=outstanding)))
+            return iter(dataset.apply(distribute(args.mode, args.service, max_outstanding_requests=outstanding,
+                                                 data_transfer_protocol=WORKLOADS[args.workload].data_transfer_protocol)))
 
         return make_iterator
 

@@ -7,7 +7,10 @@ hangs; and the reader's receive buffers are reused only once dropped.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 from typing import Optional
 
@@ -18,11 +21,13 @@ from dataservice import Dataset, errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.client.transports import TcpTransport, TransientError, _Receiver
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
+from dataservice.service import cross_memory
 from dataservice.service.wire import OUT_OF_BAND_BYTES, buffer_sizes, decode_frame
 from dataservice.worker.data_server import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, DataServer
 from dataservice.worker.task_runner import TaskRunner
 
 TASK_ID = 7
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class OneTaskWorker:
@@ -94,7 +99,7 @@ def check_mixed(elements: list, n: int) -> None:
 @pytest.mark.parametrize("most", [1, 3, 4096])
 def test_responses_read_a_few_bytes_at_a_time(serve, most):
     server = serve(Dataset.range(12).map(mixed))
-    transport = TcpTransport(f"127.0.0.1:{server.port}")
+    transport = TcpTransport(f"127.0.0.1:{server.port}", memory_reads=False)
     sock, _ = transport._connect()
     transport._receiver = _Receiver(Trickle(sock, most))
     try:
@@ -177,7 +182,7 @@ class FakePeer:
 def test_a_connection_closed_mid_frame_is_transient():
     header = worker_pb2.ElementChunk(num_elements=1).SerializeToString()
     peer = FakePeer(RESPONSE_HEADER.pack(len(header), 64, 1 << 20) + header + b"\0" * 10, close=True)
-    transport = TcpTransport(f"127.0.0.1:{peer.port}")
+    transport = TcpTransport(f"127.0.0.1:{peer.port}", memory_reads=False)
     try:
         with pytest.raises(TransientError, match="closed the connection"):
             transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
@@ -189,7 +194,7 @@ def test_a_connection_closed_mid_frame_is_transient():
 def test_a_peer_that_is_not_a_worker_gets_a_clear_error():
     header = worker_pb2.ElementChunk(num_elements=1).SerializeToString()
     peer = FakePeer(RESPONSE_HEADER.pack(len(header), 16, 16) + header + b"HTTP/1.1 400 Bad", close=False)
-    transport = TcpTransport(f"127.0.0.1:{peer.port}")
+    transport = TcpTransport(f"127.0.0.1:{peer.port}", memory_reads=False)
     try:
         with pytest.raises(errors.ServiceError, match="malformed response.*data-transfer port"):
             transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
@@ -203,7 +208,7 @@ def test_a_peer_that_is_not_a_worker_gets_a_clear_error():
 def test_receive_buffers_are_reused_once_the_consumer_drops_the_arrays(serve):
     server = serve(Dataset.range(40).map(big))
     pool = BufferPool(max_bytes=64 << 20)
-    transport = TcpTransport(f"127.0.0.1:{server.port}", pool)
+    transport = TcpTransport(f"127.0.0.1:{server.port}", pool, memory_reads=False)
     try:
         held = []
         for x in range(40):
@@ -252,3 +257,92 @@ def test_buffer_pool_fits_sizes_and_stays_within_its_bound():
     held = [pool.take(4000) for _ in range(5)]
     assert pool.tracked_bytes <= 10_000
     assert all(h.nbytes == 4000 for h in held)
+
+
+# --- same-host memory reads -----------------------------------------------------------------------
+
+needs_memory_reads = pytest.mark.skipif(not cross_memory.available(), reason="process_vm_readv is Linux-only")
+
+
+@needs_memory_reads
+@pytest.mark.parametrize("memory_reads", [True, False])
+def test_memory_reads_deliver_the_same_elements(serve, memory_reads):
+    server = serve(Dataset.range(12).map(mixed))
+    transport = TcpTransport(f"127.0.0.1:{server.port}", memory_reads=memory_reads)
+    try:
+        check_mixed(read_all(transport), 12)
+        assert transport.memory_pid == (os.getpid() if memory_reads else None)
+    finally:
+        transport.close()
+
+
+@needs_memory_reads
+def test_an_answer_the_reader_could_not_copy_is_given_back(serve):
+    server = serve(Dataset.range(6).map(big))
+    transport = TcpTransport(f"127.0.0.1:{server.port}")
+    try:
+        sock, receiver = transport._connect()
+        assert transport.memory_pid == os.getpid()
+        header, prefix, _ = transport._exchange(sock, receiver, worker_pb2.GetElementsRequest(
+            task_id=TASK_ID, max_elements=2, wait_ms=1000, read_memory=True))
+        assert len(header.buffer_addresses) == 2 and header.runs[0].first_offset == 0
+        # We never copy them, and say so: the worker puts elements 0 and 1 back, and they come as bytes.
+        header, prefix, frame_len = transport._exchange(sock, receiver, worker_pb2.GetElementsRequest(
+            task_id=TASK_ID, max_elements=6, max_bytes=1 << 30, wait_ms=1000, previous_unread=True))
+        assert not header.buffer_addresses and header.runs[0].first_offset == 0
+        buffers = [receiver.read(n) for n in buffer_sizes(prefix)]
+        elements = decode_frame(prefix, buffers)
+        assert [int(e[0]) for e in elements] == list(range(6))
+    finally:
+        transport.close()
+
+
+@needs_memory_reads
+def test_a_failed_memory_read_falls_back_to_tcp_without_losing_elements(serve):
+    server = serve(Dataset.range(8).map(big))
+    transport = TcpTransport(f"127.0.0.1:{server.port}")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        transport._connect()
+        transport.memory_pid = gone.pid  # a process that no longer exists: the copy fails (ESRCH)
+        request = worker_pb2.GetElementsRequest(task_id=TASK_ID, max_elements=3, wait_ms=1000)
+        with pytest.raises(TransientError, match="copying from the worker's memory failed"):
+            transport.get(request)
+        assert transport.memory_pid is None
+        got = []
+        while True:
+            header, frame = transport.get(request)
+            got.extend(int(e[0]) for e in frame.decode())
+            if header.end_of_sequence:
+                break
+        assert got == list(range(8))  # 0, 1, 2 were given back, then the rest
+    finally:
+        transport.close()
+
+
+def serve_in_this_process() -> None:
+    """Runs a DataServer for a subprocess test: prints its port, serves until stdin closes."""
+    server = DataServer(OneTaskWorker(Dataset.range(20).map(mixed)), host="127.0.0.1")
+    server.start()
+    print(server.port, flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+@needs_memory_reads
+def test_memory_reads_from_a_worker_in_another_process():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    child = subprocess.Popen([sys.executable, "-c", "import tests.test_data_transfer as t; t.serve_in_this_process()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        port = int(child.stdout.readline())
+        transport = TcpTransport(f"127.0.0.1:{port}")
+        try:
+            check_mixed(read_all(transport), 20)
+            assert transport.memory_pid == child.pid
+        finally:
+            transport.close()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)

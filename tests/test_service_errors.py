@@ -57,6 +57,16 @@ def test_bad_max_outstanding_requests_is_a_value_error(make, value):
 
 
 @pytest.mark.parametrize("make", [
+    lambda p: distribute("parallel_epochs", "grpc://localhost:5050", data_transfer_protocol=p),
+    lambda p: from_dataset_id("parallel_epochs", "grpc://localhost:5050", 1, data_transfer_protocol=p),
+])
+@pytest.mark.parametrize("value", ["udp", "TCP", "", 1])
+def test_bad_data_transfer_protocol_is_a_value_error(make, value):
+    with pytest.raises(ValueError, match="data_transfer_protocol must be None .* 'tcp' or 'grpc'"):
+        make(value)
+
+
+@pytest.mark.parametrize("make", [
     lambda t: distribute("parallel_epochs", "grpc://localhost:5050", timeout_ms=t),
     lambda t: from_dataset_id("parallel_epochs", "grpc://localhost:5050", 1, timeout_ms=t),
     lambda t: register_dataset("grpc://localhost:5050", Dataset.range(3), timeout_ms=t),

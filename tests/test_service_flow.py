@@ -407,13 +407,17 @@ def _mixed_element(x):
             "name": f"e{x}"}
 
 
-@pytest.mark.parametrize("protocol", ["tcp", "grpc"])
-def test_both_data_transfer_protocols_deliver_the_same_elements(protocol):
+@pytest.mark.parametrize("protocol,client_protocol", [("tcp", None), ("tcp", "tcp"), ("tcp", "grpc"),
+                                                      ("grpc", None), ("grpc", "tcp")])
+def test_every_data_transfer_path_delivers_the_same_elements(protocol, client_protocol):
+    # Worker offers TCP: in-process, the default copies large arrays from the worker's memory;
+    # "tcp" reads them from the socket; "grpc" uses gRPC. A gRPC-only worker is read over gRPC.
     with TestCluster(num_workers=0) as one:
         worker = one.add_worker(data_transfer_protocol=protocol)
         one.wait_for_workers(1)
         assert bool(worker.data_address) == (protocol == "tcp")
-        dataset = Dataset.range(30).map(_mixed_element).apply(distribute("distributed_epoch", one.target))
+        dataset = Dataset.range(30).map(_mixed_element).apply(
+            distribute("distributed_epoch", one.target, data_transfer_protocol=client_protocol))
         elements = sorted(dataset, key=lambda e: int(e["label"]))
     assert [int(e["label"]) for e in elements] == list(range(30))
     for x, e in enumerate(elements):

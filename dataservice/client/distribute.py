@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from dataservice import errors
 from dataservice.client.reader import DEFAULT_MAX_OUTSTANDING_REQUESTS, IterationReader
+from dataservice.client.transports import DATA_TRANSFER_PROTOCOLS
 from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorContext
 from dataservice.data.serialization import serialize_dataset
 from dataservice.proto import state_pb2
@@ -79,6 +80,13 @@ def _parse_job_name(job_name: Optional[str]) -> str:
     return job_name
 
 
+def _parse_protocol(data_transfer_protocol: Optional[str]) -> Optional[str]:
+    if data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
+        raise ValueError(f"data_transfer_protocol must be None (the fastest the worker offers), 'tcp' or 'grpc', "
+                         f"got {data_transfer_protocol!r}")
+    return data_transfer_protocol
+
+
 def _num_splits(dataset: Dataset) -> int:
     try:
         return dataset.num_splits()
@@ -114,8 +122,9 @@ class _DataServiceDataset(Dataset):
 
     def __init__(self, processing_mode: ProcessingMode, service: str, dataset_id: Optional[int],
                  job_name: Optional[str], max_outstanding_requests: Optional[int], timeout_ms: int,
-                 dataset: Optional[Dataset] = None):
+                 dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None):
         self._mode = _parse_mode(processing_mode)
+        self._protocol = _parse_protocol(data_transfer_protocol)
         self._address = _parse_service(service)
         self._job_name = _parse_job_name(job_name)
         self._max_outstanding = _parse_outstanding(max_outstanding_requests)
@@ -165,7 +174,7 @@ class _DataServiceDataset(Dataset):
             job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name)
             # A named job is shared: the k-th iteration of every reader is the same iteration.
             repetition = next(self._repetitions) if self._job_name else 0
-            reader = IterationReader(client, job_id, repetition, self._max_outstanding)
+            reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol)
             yield from reader
         finally:
             if reader is not None:
@@ -175,7 +184,8 @@ class _DataServiceDataset(Dataset):
 
 def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional[str] = None,
                max_outstanding_requests: Optional[int] = None,
-               timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Callable[[Dataset], Dataset]:
+               timeout_ms: int = DEFAULT_TIMEOUT_MS,
+               data_transfer_protocol: Optional[str] = None) -> Callable[[Dataset], Dataset]:
     """A transformation for ``Dataset.apply`` that runs the pipeline so far on the service.
 
     Args:
@@ -187,8 +197,12 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
       max_outstanding_requests: the most elements requested or buffered at once
         (memory is about this many times the element size); default 1024.
       timeout_ms: how long to keep trying an unreachable dispatcher.
+      data_transfer_protocol: None (default) for the fastest a worker offers: on this host, large
+        arrays copied straight from its memory; else its TCP data-transfer server; else gRPC.
+        "tcp" never reads a worker's memory; "grpc" always uses gRPC.
     """
     mode = _parse_mode(processing_mode)
+    _parse_protocol(data_transfer_protocol)
     _parse_service(service)
     _parse_job_name(job_name)
     _parse_outstanding(max_outstanding_requests)
@@ -198,7 +212,7 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         if not isinstance(dataset, Dataset):
             raise TypeError(f"distribute applies to a Dataset, got {type(dataset).__name__}")
         return _DataServiceDataset(mode_name(mode), service, None, job_name, max_outstanding_requests, timeout_ms,
-                                   dataset=dataset)
+                                   dataset=dataset, data_transfer_protocol=data_transfer_protocol)
 
     return apply
 
@@ -209,11 +223,11 @@ def mode_name(mode: int) -> str:
 
 def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: int, element_spec: Any = None,
                     job_name: Optional[str] = None, max_outstanding_requests: Optional[int] = None,
-                    timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Dataset:
+                    timeout_ms: int = DEFAULT_TIMEOUT_MS, data_transfer_protocol: Optional[str] = None) -> Dataset:
     """A Dataset reading the registered dataset ``dataset_id`` from the service.
 
     ``element_spec`` is accepted for tf.data compatibility and not needed: elements
-    describe themselves on the wire.
+    describe themselves on the wire. The other arguments are ``distribute``'s.
 
     Example::
 
@@ -221,4 +235,5 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: i
     """
     if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
         raise ValueError(f"dataset_id must be a positive int returned by register_dataset, got {dataset_id!r}")
-    return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms)
+    return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms,
+                               data_transfer_protocol=data_transfer_protocol)

@@ -110,8 +110,10 @@ def _remote_error(chunk: worker_pb2.ElementChunk) -> BaseException:
 class IterationReader:
     """An iterator over one iteration of a job, as one client of it."""
 
-    def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int):
+    def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int,
+                 data_transfer_protocol: Optional[str] = None):
         self._dispatcher = dispatcher
+        self._protocol = data_transfer_protocol
         response = dispatcher.get_or_create_iteration(job_id, repetition)
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
@@ -274,7 +276,7 @@ class IterationReader:
 
     def _fetch(self, task: dispatcher_pb2.TaskDef) -> None:
         task_id = task.task_id
-        transport = connect(task, self._pool)
+        transport = connect(task, self._pool, self._protocol)
         backoff = 0.05
         try:
             while not self._stop.is_set() and task_id not in self._revoked:
@@ -297,29 +299,38 @@ class IterationReader:
                     self._out.put(exc)
                     return
                 backoff = 0.05
-                if head.error_type:
-                    self._credits.release(n)
-                    self._out.put(_remote_error(head))
-                    return
-                try:
-                    elements = frame.decode() if head.num_elements else []
-                except WireFormatError as exc:
-                    self._credits.release(n)
-                    self._out.put(errors.ServiceError(f"task {task_id}: a malformed frame of elements from "
-                                                      f"{task.worker_address}: {exc}"))
-                    return
-                kept = self._accept(task_id, elements, head.runs)
-                if kept is None:
-                    self._credits.release(n)
-                    return
-                nbytes = frame.nbytes if kept else 0
-                self._credits.release(n - len(kept), nbytes)
-                if kept:
-                    self._out.put((kept, nbytes))
-                if head.end_of_sequence:
+                alive = self._deliver(task, n, head, frame)
+                head = frame = None  # nothing of this response outlives _deliver: see there
+                if not alive:
                     return
         finally:
             transport.close()
             with self._lock:
                 self._finished_tasks.add(task_id)
             self._wake.set()
+
+    def _deliver(self, task: dispatcher_pb2.TaskDef, n: int, head: worker_pb2.ElementChunk, frame) -> bool:
+        """Hands a response's elements to the consumer; False when the task is done with. A method of
+        its own so that no local of it outlives the call on the fetcher's stack: an element the consumer
+        drops must free (or give back to the pool) its buffer at once, not when the next response arrives."""
+        if head.error_type:
+            self._credits.release(n)
+            self._out.put(_remote_error(head))
+            return False
+        try:
+            elements = frame.decode() if head.num_elements else []
+        except WireFormatError as exc:
+            self._credits.release(n)
+            self._out.put(errors.ServiceError(f"task {task.task_id}: a malformed frame of elements from "
+                                              f"{task.worker_address}: {exc}"))
+            return False
+        kept = self._accept(task.task_id, elements, head.runs)
+        if kept is None:
+            self._credits.release(n)
+            return False
+        nbytes = frame.nbytes if kept else 0
+        self._credits.release(n - len(kept), nbytes)
+        if kept:
+            self._out.put((kept, nbytes))
+        return not head.end_of_sequence
+

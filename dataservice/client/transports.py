@@ -18,24 +18,32 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 from typing import Optional, Sequence, Union
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.proto import dispatcher_pb2, worker_pb2, worker_pb2_grpc
 from dataservice.service.addresses import parse_address
+from dataservice.service import cross_memory
 from dataservice.service.rpc import make_channel, translate
 from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, prefix_size
 from dataservice.worker.data_server import REQUEST_HEADER, RESPONSE_HEADER
 
-__all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "GET_ELEMENTS_TIMEOUT_S"]
+__all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "GET_ELEMENTS_TIMEOUT_S",
+           "DATA_TRANSFER_PROTOCOLS"]
+
+log = logging.getLogger("dataservice.client")
 
 #: The longest one request may take (the worker answers within its wait).
 GET_ELEMENTS_TIMEOUT_S = 60.0
+#: A response header is a few numbers per element run: anything longer is not one of ours.
+MAX_HEADER_BYTES = 64 * 1024 * 1024
 
 
 class TransientError(Exception):
@@ -143,14 +151,23 @@ class _Receiver:
 
 
 class TcpTransport:
-    """One connection to the worker's data-transfer server, reopened after a failure."""
+    """One connection to the worker's data-transfer server, reopened after a failure.
 
-    def __init__(self, data_address: str, pool: Optional[BufferPool] = None):
+    With ``memory_reads`` (and a worker on this host that allows it, which a probe on each new
+    connection tells), large arrays are copied straight out of the worker's memory
+    (``dataservice.service.cross_memory``) rather than read from the socket.
+    """
+
+    def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True):
         self._address = parse_address(data_address, "data transfer")
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None
         self._receiver: Union[_Receiver, None] = None
+        self._memory_reads = memory_reads and cross_memory.available()
+        #: The worker's pid while this connection copies large arrays from its memory; else None.
+        self.memory_pid: Optional[int] = None
+        self._unread = False  # the last answer's arrays could not be copied: the worker takes them back
 
     def _connect(self) -> tuple[socket.socket, _Receiver]:
         if self._sock is None:
@@ -159,40 +176,100 @@ class TcpTransport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
             self._receiver = _Receiver(sock)
+            self._unread = False  # a new connection: the worker dropped what it held for the old one
+            self.memory_pid = self._probe(sock, self._receiver) if self._memory_reads else None
         return self._sock, self._receiver
+
+    def _exchange(self, sock: socket.socket, receiver: _Receiver, request: worker_pb2.GetElementsRequest
+                  ) -> tuple[worker_pb2.ElementChunk, bytearray, int]:
+        """Sends a request; returns the answer's header, its frame's prefix and the frame's length."""
+        body = request.SerializeToString()
+        sock.sendall(REQUEST_HEADER.pack(len(body)) + body)
+        header_len, prefix_len, frame_len = RESPONSE_HEADER.unpack(receiver.read(RESPONSE_HEADER.size))
+        if header_len > MAX_HEADER_BYTES or prefix_len > frame_len:
+            raise WireFormatError(f"a response header of {header_len} bytes, a prefix of {prefix_len} bytes "
+                                  f"in a frame of {frame_len}")
+        raw = receiver.read(header_len)
+        try:
+            header = worker_pb2.ElementChunk.FromString(bytes(raw))
+        except DecodeError as exc:
+            raise WireFormatError(f"an unreadable response header: {exc}") from exc
+        return header, receiver.read(prefix_len), frame_len
+
+    def _probe(self, sock: socket.socket, receiver: _Receiver) -> Optional[int]:
+        """The worker's pid if we can copy from its memory: we read the token it publishes both from
+        its memory and from the socket, and they must agree."""
+        header, token, _ = self._exchange(sock, receiver, worker_pb2.GetElementsRequest(probe_memory=True))
+        if not header.worker_pid or len(header.buffer_addresses) != 1 or header.buffer_lengths[0] != len(token):
+            return None
+        copied = np.zeros(len(token), np.uint8)
+        try:
+            cross_memory.read_into(header.worker_pid, [copied], header.buffer_addresses, header.buffer_lengths)
+        except (OSError, EOFError) as exc:
+            log.info("%s: copying from the worker's memory is not possible (%s): large arrays come over TCP",
+                     self._where, exc)
+            return None
+        if copied.tobytes() != bytes(token):
+            log.info("%s: pid %d is not the worker (another pid namespace?): large arrays come over TCP",
+                     self._where, header.worker_pid)
+            return None
+        log.debug("%s: the worker (pid %d) is on this host: copying large arrays from its memory", self._where,
+                  header.worker_pid)
+        return header.worker_pid
+
+    def _take(self, n: int) -> np.ndarray:
+        # Not a bytearray: no zeroing of memory about to be overwritten.
+        return self._pool.take(n) if self._pool is not None else np.empty(n, np.uint8)
 
     def get(self, request: worker_pb2.GetElementsRequest) -> tuple[worker_pb2.ElementChunk, ReceivedFrame]:
         try:
             sock, receiver = self._connect()
-            body = request.SerializeToString()
-            sock.sendall(REQUEST_HEADER.pack(len(body)) + body)
-            header_len, prefix_len, frame_len = RESPONSE_HEADER.unpack(receiver.read(RESPONSE_HEADER.size))
-            raw = receiver.read(header_len)
-            prefix = receiver.read(prefix_len)
+            mine = worker_pb2.GetElementsRequest()
+            mine.CopyFrom(request)
+            mine.read_memory = self.memory_pid is not None
+            mine.previous_unread, self._unread = self._unread, False
+            header, prefix, frame_len = self._exchange(sock, receiver, mine)
             buffers = []
-            if prefix_len:
+            if prefix:
                 sizes = buffer_sizes(prefix)
-                if prefix_len + sum(sizes) != frame_len:
-                    raise WireFormatError(f"the response announced a {frame_len}-byte frame, whose prefix says "
-                                          f"{prefix_len + sum(sizes)}")
-                for n in sizes:
-                    # Not a bytearray: no zeroing of memory about to be overwritten.
-                    buffer = self._pool.take(n) if self._pool is not None else np.empty(n, np.uint8)
-                    receiver.read_into(memoryview(buffer))
-                    buffers.append(buffer)
+                by_address = bool(header.buffer_addresses)
+                expected = len(prefix) + (0 if by_address else sum(sizes))
+                if frame_len != expected or (by_address and len(header.buffer_addresses) != len(sizes)):
+                    raise WireFormatError(f"the response announced a {frame_len}-byte frame; its prefix says "
+                                          f"{expected} bytes, {len(sizes)} buffers")
+                buffers = [self._take(n) for n in sizes]
+                if by_address:
+                    if self.memory_pid is None:
+                        raise WireFormatError("an answer by address to a request for bytes")
+                    self._copy_from_worker(header, buffers)
+                else:
+                    for buffer in buffers:
+                        receiver.read_into(memoryview(buffer))
         except OSError as exc:
             self.close()
-            raise TransientError(f"data transfer from {self._where}: {exc}") from exc
+            raise TransientError(f"{self._where}: {exc}") from exc
         except WireFormatError as exc:
             self.close()
             raise errors.ServiceError(f"{self._where} sent a malformed response (is it a dataservice worker's "
                                       f"data-transfer port?): {exc}") from exc
-        header = worker_pb2.ElementChunk.FromString(bytes(raw))
         if header.error_type == "NotFound":
             raise TransientError(header.error_message)
         if header.error_type == "InvalidArgument":
             raise errors.InvalidRequestError(header.error_message)
         return header, ReceivedFrame(prefix, buffers)
+
+    def _copy_from_worker(self, header: worker_pb2.ElementChunk, buffers: list) -> None:
+        try:
+            # From the pid the probe checked, not whatever a header says.
+            cross_memory.read_into(self.memory_pid, buffers, header.buffer_addresses, header.buffer_lengths)
+        except (OSError, EOFError, ValueError) as exc:
+            # The worker still holds these elements: our next request tells it to take them back,
+            # and asks for bytes over the socket from then on.
+            log.warning("%s: copying from the worker's memory failed (%s): large arrays come over TCP from now on",
+                        self._where, exc)
+            self.memory_pid = None
+            self._unread = True
+            raise TransientError(f"{self._where}: copying from the worker's memory failed: {exc}") from None
 
     def close(self) -> None:
         if self._sock is not None:
@@ -203,8 +280,15 @@ class TcpTransport:
                 self._receiver = None
 
 
-def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None) -> Union[TcpTransport, GrpcTransport]:
-    """The fastest transport the task's worker offers; ``pool`` supplies TCP's receive buffers."""
-    if task.data_address:
-        return TcpTransport(task.data_address, pool)
+#: What ``distribute(data_transfer_protocol=...)`` accepts.
+DATA_TRANSFER_PROTOCOLS = (None, "tcp", "grpc")
+
+
+def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None, protocol: Optional[str] = None
+            ) -> Union[TcpTransport, GrpcTransport]:
+    """A transport to the task's worker: by default the fastest it offers (memory reads on this host, else
+    TCP, else gRPC); ``protocol="tcp"`` never reads its memory, ``"grpc"`` uses gRPC. ``pool`` supplies
+    TCP's receive buffers."""
+    if task.data_address and protocol != "grpc":
+        return TcpTransport(task.data_address, pool, memory_reads=protocol is None)
     return GrpcTransport(task.worker_address)

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x61taservice/proto/worker.proto\x12\x0b\x64\x61taservice\"r\n\x12GetElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\x12\x14\n\x0cmax_elements\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\"n\n\nElementRun\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x13\n\x0bsplit_total\x18\x05 \x01(\x03\"\xb5\x01\n\x0c\x45lementChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x03\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12%\n\x04runs\x18\x07 \x03(\x0b\x32\x17.dataservice.ElementRun2U\n\x06Worker\x12K\n\x0bGetElements\x12\x1f.dataservice.GetElementsRequest\x1a\x19.dataservice.ElementChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x61taservice/proto/worker.proto\x12\x0b\x64\x61taservice\"\xb6\x01\n\x12GetElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\x12\x14\n\x0cmax_elements\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\x12\x13\n\x0bread_memory\x18\x06 \x01(\x08\x12\x17\n\x0fprevious_unread\x18\x07 \x01(\x08\x12\x14\n\x0cprobe_memory\x18\x08 \x01(\x08\"n\n\nElementRun\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x13\n\x0bsplit_total\x18\x05 \x01(\x03\"\xfb\x01\n\x0c\x45lementChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x03\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12%\n\x04runs\x18\x07 \x03(\x0b\x32\x17.dataservice.ElementRun\x12\x12\n\nworker_pid\x18\x08 \x01(\x03\x12\x18\n\x10\x62uffer_addresses\x18\t \x03(\x04\x12\x16\n\x0e\x62uffer_lengths\x18\n \x03(\x04\x32U\n\x06Worker\x12K\n\x0bGetElements\x12\x1f.dataservice.GetElementsRequest\x1a\x19.dataservice.ElementChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dataservice.proto.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETELEMENTSREQUEST']._serialized_start=47
-  _globals['_GETELEMENTSREQUEST']._serialized_end=161
-  _globals['_ELEMENTRUN']._serialized_start=163
-  _globals['_ELEMENTRUN']._serialized_end=273
-  _globals['_ELEMENTCHUNK']._serialized_start=276
-  _globals['_ELEMENTCHUNK']._serialized_end=457
-  _globals['_WORKER']._serialized_start=459
-  _globals['_WORKER']._serialized_end=544
+  _globals['_GETELEMENTSREQUEST']._serialized_start=48
+  _globals['_GETELEMENTSREQUEST']._serialized_end=230
+  _globals['_ELEMENTRUN']._serialized_start=232
+  _globals['_ELEMENTRUN']._serialized_end=342
+  _globals['_ELEMENTCHUNK']._serialized_start=345
+  _globals['_ELEMENTCHUNK']._serialized_end=596
+  _globals['_WORKER']._serialized_start=598
+  _globals['_WORKER']._serialized_end=683
 # @@protoc_insertion_point(module_scope)

@@ -88,6 +88,11 @@ class EncodedFrame:
     def nbytes(self) -> int:
         return self.prefix_nbytes + sum(_nbytes(b) for b in self.buffers)
 
+    def buffer_regions(self) -> list:
+        """``(buffer, data bytes)`` of each out-of-band buffer, without its padding: what a reader
+        copying from the sender's memory reads (the size table counts the padding)."""
+        return [(part, _nbytes(part)) for part in self.buffers if not isinstance(part, bytes)]
+
 
 def _nbytes(part: Buffer) -> int:
     return part.nbytes if isinstance(part, (memoryview, np.ndarray)) else len(part)

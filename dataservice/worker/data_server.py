@@ -15,6 +15,13 @@ Messages (little endian)::
 A reader learns from the prefix how large each out-of-band buffer (a large
 array) is and reads each into a buffer of its own (``dataservice.service.wire``).
 
+On one host a reader may instead copy the out-of-band buffers out of the
+worker's memory itself (``dataservice.service.cross_memory``): it asks with
+``read_memory``, and the answer carries their addresses instead of their
+bytes. The worker keeps that answer's arrays alive until the reader's next
+request on the connection; a reader that could not copy them says so in that
+request (``previous_unread``) and the elements go back to the task.
+
 A connection that sends anything else is closed; the server goes on.
 
 Example::
@@ -27,13 +34,17 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import struct
 import threading
 from typing import Optional
 
+import numpy as np
+
 from dataservice.proto import worker_pb2
-from dataservice.worker.responses import TaskSource, UnknownTaskError, prepare
+from dataservice.service.cross_memory import address_of
+from dataservice.worker.responses import Prepared, TaskSource, UnknownTaskError, prepare
 
 __all__ = ["DataServer", "REQUEST_HEADER", "RESPONSE_HEADER", "MAX_REQUEST_BYTES"]
 
@@ -84,6 +95,8 @@ class DataServer:
             if socket.has_dualstack_ipv6() and host in ("", "::") else socket.create_server((host, port))
         self.port = self._listener.getsockname()[1]
         self._stopped = threading.Event()
+        #: What a memory-read probe reads: random, so a reader cannot mistake another process for us.
+        self._token = np.frombuffer(os.urandom(16), np.uint8).copy()
         self._connections: set = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name="dataservice-data-accept", daemon=True)
@@ -103,6 +116,7 @@ class DataServer:
             threading.Thread(target=self._serve, args=(conn,), name="dataservice-data-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        held: Optional[Prepared] = None  # an answer by address: its arrays stay alive until the next request
         try:
             while not self._stopped.is_set():
                 head = _recv_exact(conn, REQUEST_HEADER.size)
@@ -120,7 +134,17 @@ class DataServer:
                 except Exception:
                     log.warning("data connection sent an unreadable request; closing")
                     return
-                self._answer(conn, request)
+                if held is not None and request.previous_unread:
+                    held.give_back()  # the reader could not copy them: nothing is lost
+                held = None
+                if request.probe_memory:
+                    # The token's bytes follow, for the reader to compare with what it copies.
+                    probe = worker_pb2.ElementChunk(worker_pid=os.getpid(), buffer_addresses=[address_of(self._token)],
+                                                    buffer_lengths=[self._token.nbytes])
+                    _send_all(conn, [self._framed(probe, self._token.nbytes, self._token.nbytes),
+                                     self._token.tobytes()])
+                    continue
+                held = self._answer(conn, request)
         except OSError:
             return  # the reader went away
         finally:
@@ -128,28 +152,37 @@ class DataServer:
                 self._connections.discard(conn)
             conn.close()
 
-    def _answer(self, conn: socket.socket, request: worker_pb2.GetElementsRequest) -> None:
+    def _answer(self, conn: socket.socket, request: worker_pb2.GetElementsRequest) -> Optional[Prepared]:
+        """Sends the answer; returns it if the reader is to copy its arrays from our memory."""
         try:
             prepared = prepare(self._worker, request)
         except UnknownTaskError as exc:
             # Not an error of the reader's pipeline: the task may not have arrived yet, or was revoked.
             _send_all(conn, [self._framed(_error_response("NotFound", str(exc)), 0, 0)])
-            return
+            return None
         except ValueError as exc:
             _send_all(conn, [self._framed(_error_response("InvalidArgument", str(exc)), 0, 0)])
-            return
+            return None
         frame = prepared.frame
         if frame is None:
             _send_all(conn, [self._framed(prepared.header, 0, 0)])
-            return
+            return None
+        by_address = request.read_memory and bool(frame.buffers)
+        if by_address:
+            regions = frame.buffer_regions()
+            prepared.header.worker_pid = os.getpid()
+            prepared.header.buffer_addresses.extend(address_of(b) for b, _ in regions)
+            prepared.header.buffer_lengths.extend(n for _, n in regions)
         # The prefix's parts are small (in-band values): one copy into the header's buffer saves
         # the kernel an iovec for each; the out-of-band buffers go from their numpy memory.
-        head = self._framed(prepared.header, frame.prefix_nbytes, frame.nbytes) + b"".join(frame.prefix)
+        head = self._framed(prepared.header, frame.prefix_nbytes,
+                            frame.prefix_nbytes if by_address else frame.nbytes) + b"".join(frame.prefix)
         try:
-            _send_all(conn, [head] + frame.buffers)
+            _send_all(conn, [head] if by_address else [head] + frame.buffers)
         except OSError:
             prepared.give_back()
             raise
+        return prepared if by_address else None
 
     @staticmethod
     def _framed(header: worker_pb2.ElementChunk, prefix_len: int, frame_len: int) -> bytes:
