@@ -93,7 +93,8 @@ class WorkerConfig:
       dispatcher_timeout_ms: how long the worker keeps retrying an unreachable
         dispatcher before giving up on a call (default 60 s).
       data_transfer_protocol: how elements travel to clients: "tcp" (default: a plain
-        socket fed straight from numpy buffers) or "grpc" (through the gRPC port).
+        socket fed straight from numpy buffers; a client on this host copies large
+        arrays straight from the worker's memory instead) or "grpc" (through the gRPC port).
       data_transfer_port: the TCP data-transfer port; 0 picks a free one.
     """
 
