@@ -7,12 +7,13 @@ hangs; and the reader's receive buffers are reused only once dropped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pytest
@@ -41,6 +42,16 @@ class OneTaskWorker:
 
     def find_task(self, task_id: int, wait_s: float) -> Optional[TaskRunner]:
         return self.runner if task_id == TASK_ID else None
+
+
+@contextlib.contextmanager
+def connected(port: int, *args, **kwargs) -> Iterator[TcpTransport]:
+    """A TcpTransport to 127.0.0.1:``port``, closed on the way out."""
+    transport = TcpTransport(f"127.0.0.1:{port}", *args, **kwargs)
+    try:
+        yield transport
+    finally:
+        transport.close()
 
 
 class Trickle:
@@ -99,13 +110,10 @@ def check_mixed(elements: list, n: int) -> None:
 @pytest.mark.parametrize("most", [1, 3, 4096])
 def test_responses_read_a_few_bytes_at_a_time(serve, most):
     server = serve(Dataset.range(12).map(mixed))
-    transport = TcpTransport(f"127.0.0.1:{server.port}", memory_reads=False)
-    sock, _ = transport._connect()
-    transport._receiver = _Receiver(Trickle(sock, most))
-    try:
+    with connected(server.port, memory_reads=False) as transport:
+        sock, _ = transport._connect()
+        transport._receiver = _Receiver(Trickle(sock, most))
         check_mixed(read_all(transport), 12)
-    finally:
-        transport.close()
 
 
 def test_requests_sent_a_byte_at_a_time(serve):
@@ -137,23 +145,17 @@ def test_a_garbage_request_closes_that_connection_only(serve):
             assert bad.recv(1) == b""  # closed by the server...
         except ConnectionResetError:
             pass  # ...with our extra bytes unread
-    transport = TcpTransport(f"127.0.0.1:{server.port}")
-    try:
+    with connected(server.port) as transport:
         check_mixed(read_all(transport), 5)
-    finally:
-        transport.close()
 
 
 def test_an_unknown_task_is_transient_and_a_bad_request_is_invalid(serve):
     server = serve(Dataset.range(1))
-    transport = TcpTransport(f"127.0.0.1:{server.port}")
-    try:
+    with connected(server.port) as transport:
         with pytest.raises(TransientError, match="task 99 is not running"):
             transport.get(worker_pb2.GetElementsRequest(task_id=99, max_elements=1))
         with pytest.raises(errors.InvalidRequestError, match="max_elements must be positive"):
             transport.get(worker_pb2.GetElementsRequest(task_id=TASK_ID, max_elements=0))
-    finally:
-        transport.close()
 
 
 class FakePeer:
@@ -182,24 +184,22 @@ class FakePeer:
 def test_a_connection_closed_mid_frame_is_transient():
     header = worker_pb2.ElementChunk(num_elements=1).SerializeToString()
     peer = FakePeer(RESPONSE_HEADER.pack(len(header), 64, 1 << 20) + header + b"\0" * 10, close=True)
-    transport = TcpTransport(f"127.0.0.1:{peer.port}", memory_reads=False)
     try:
-        with pytest.raises(TransientError, match="closed the connection"):
-            transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
+        with connected(peer.port, memory_reads=False) as transport:
+            with pytest.raises(TransientError, match="closed the connection"):
+                transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
     finally:
-        transport.close()
         peer.close()
 
 
 def test_a_peer_that_is_not_a_worker_gets_a_clear_error():
     header = worker_pb2.ElementChunk(num_elements=1).SerializeToString()
     peer = FakePeer(RESPONSE_HEADER.pack(len(header), 16, 16) + header + b"HTTP/1.1 400 Bad", close=False)
-    transport = TcpTransport(f"127.0.0.1:{peer.port}", memory_reads=False)
     try:
-        with pytest.raises(errors.ServiceError, match="malformed response.*data-transfer port"):
-            transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
+        with connected(peer.port, memory_reads=False) as transport:
+            with pytest.raises(errors.ServiceError, match="malformed response.*data-transfer port"):
+                transport.get(worker_pb2.GetElementsRequest(task_id=1, max_elements=1))
     finally:
-        transport.close()
         peer.close()
 
 
@@ -208,8 +208,7 @@ def test_a_peer_that_is_not_a_worker_gets_a_clear_error():
 def test_receive_buffers_are_reused_once_the_consumer_drops_the_arrays(serve):
     server = serve(Dataset.range(40).map(big))
     pool = BufferPool(max_bytes=64 << 20)
-    transport = TcpTransport(f"127.0.0.1:{server.port}", pool, memory_reads=False)
-    try:
+    with connected(server.port, pool, memory_reads=False) as transport:
         held = []
         for x in range(40):
             header, frame = transport.get(worker_pb2.GetElementsRequest(task_id=TASK_ID, max_elements=1,
@@ -220,8 +219,6 @@ def test_receive_buffers_are_reused_once_the_consumer_drops_the_arrays(serve):
             if x < 5:
                 held.append(array)  # kept by the consumer: never handed out again
             del array
-    finally:
-        transport.close()
     # 5 buffers are held; the other 35 elements went through one or two buffers, over and over.
     assert pool.reused >= 30
     assert pool.tracked_bytes <= 8 * big(0).nbytes + 64
@@ -268,19 +265,15 @@ needs_memory_reads = pytest.mark.skipif(not cross_memory.available(), reason="pr
 @pytest.mark.parametrize("memory_reads", [True, False])
 def test_memory_reads_deliver_the_same_elements(serve, memory_reads):
     server = serve(Dataset.range(12).map(mixed))
-    transport = TcpTransport(f"127.0.0.1:{server.port}", memory_reads=memory_reads)
-    try:
+    with connected(server.port, memory_reads=memory_reads) as transport:
         check_mixed(read_all(transport), 12)
         assert transport.memory_pid == (os.getpid() if memory_reads else None)
-    finally:
-        transport.close()
 
 
 @needs_memory_reads
 def test_an_answer_the_reader_could_not_copy_is_given_back(serve):
     server = serve(Dataset.range(6).map(big))
-    transport = TcpTransport(f"127.0.0.1:{server.port}")
-    try:
+    with connected(server.port) as transport:
         sock, receiver = transport._connect()
         assert transport.memory_pid == os.getpid()
         header, prefix, _ = transport._exchange(sock, receiver, worker_pb2.GetElementsRequest(
@@ -293,17 +286,14 @@ def test_an_answer_the_reader_could_not_copy_is_given_back(serve):
         buffers = [receiver.read(n) for n in buffer_sizes(prefix)]
         elements = decode_frame(prefix, buffers)
         assert [int(e[0]) for e in elements] == list(range(6))
-    finally:
-        transport.close()
 
 
 @needs_memory_reads
 def test_a_failed_memory_read_falls_back_to_tcp_without_losing_elements(serve):
     server = serve(Dataset.range(8).map(big))
-    transport = TcpTransport(f"127.0.0.1:{server.port}")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    try:
+    with connected(server.port) as transport:
         transport._connect()
         transport.memory_pid = gone.pid  # a process that no longer exists: the copy fails (ESRCH)
         request = worker_pb2.GetElementsRequest(task_id=TASK_ID, max_elements=3, wait_ms=1000)
@@ -317,8 +307,6 @@ def test_a_failed_memory_read_falls_back_to_tcp_without_losing_elements(serve):
             if header.end_of_sequence:
                 break
         assert got == list(range(8))  # 0, 1, 2 were given back, then the rest
-    finally:
-        transport.close()
 
 
 def serve_in_this_process() -> None:
@@ -337,12 +325,9 @@ def test_memory_reads_from_a_worker_in_another_process():
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         port = int(child.stdout.readline())
-        transport = TcpTransport(f"127.0.0.1:{port}")
-        try:
+        with connected(port) as transport:
             check_mixed(read_all(transport), 20)
             assert transport.memory_pid == child.pid
-        finally:
-            transport.close()
     finally:
         child.stdin.close()
         child.wait(timeout=30)
