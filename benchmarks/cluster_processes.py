@@ -29,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import queue
@@ -44,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["BenchmarkError", "Proc", "ProcessGroup", "Cluster", "start_cluster", "run_client", "REPO",
+__all__ = ["BenchmarkError", "Proc", "ProcessGroup", "start_cluster", "run_client", "CLIENT_MODULES", "REPO",
            "START_TIMEOUT_S"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,12 +52,15 @@ START_TIMEOUT_S = 120.0
 #: A stopped process gets this long after SIGTERM before SIGKILL (a benchmark needs no clean shutdown).
 STOP_GRACE_S = 1.0
 
+#: The line each server prints once it listens; a dispatcher's carries its port.
 _SERVER_LINES = {
     ("ours", "dispatcher"): r"^dispatcher listening on grpc://[^:\s]+:(\d+)\s*$",
-    ("ours", "worker"): r"^worker listening on [^:\s]+:(\d+)\b",
+    ("ours", "worker"): r"^worker listening on [^:\s]+:\d+\b",
     ("tf", "dispatcher"): r"^tf dispatcher listening on grpc://[^:\s]+:(\d+)\s*$",
-    ("tf", "worker"): r"^tf worker listening on [^:\s]+:(\d+)\b",
+    ("tf", "worker"): r"^tf worker listening on [^:\s]+:\d+\b",
 }
+#: The module of each side's benchmark client (``client`` and ``calibrate`` commands).
+CLIENT_MODULES = {"ours": "benchmarks.workloads", "tf": "benchmarks.tf_service"}
 
 
 class BenchmarkError(RuntimeError):
@@ -223,18 +225,6 @@ class ProcessGroup:
         self.close()
 
 
-@dataclasses.dataclass
-class Cluster:
-    kind: str              # "ours" or "tf"
-    python: str            # the interpreter its processes run under
-    dispatcher_port: int
-    worker_ports: list[int]
-
-    @property
-    def service(self) -> str:
-        return f"grpc://localhost:{self.dispatcher_port}"
-
-
 def _server_args(kind: str, python: str, role: str, dispatcher_port: Optional[int] = None,
                  processes: int = 1) -> list[str]:
     module = ["-m", "dataservice"] if kind == "ours" else ["-m", "benchmarks.tf_service"]
@@ -249,49 +239,41 @@ def _server_args(kind: str, python: str, role: str, dispatcher_port: Optional[in
 
 
 def _start_workers(group: ProcessGroup, kind: str, python: str, dispatcher_port: int,
-                   num_workers: int) -> list[tuple[Proc, int]]:
+                   num_workers: int) -> list[tuple[Proc, str]]:
     """Spawns the workers: ours as one ``worker --processes N`` command, tf.data's one process each.
-    Returns (process, number of "listening" lines it prints) pairs."""
+    Returns (process, the line it prints once its workers are up) pairs: a supervisor prints one
+    "listening" line per worker process, then a summary line once all of them listen."""
     if kind == "ours" and num_workers > 1:
         supervisor = group.spawn(_server_args(kind, python, "worker", dispatcher_port, processes=num_workers),
                                  kind, f"workers-x{num_workers}")
-        return [(supervisor, num_workers)]
-    return [(group.spawn(_server_args(kind, python, "worker", dispatcher_port), kind, f"worker{i}"), 1)
-            for i in range(num_workers)]
-
-
-def _await_workers(kind: str, workers: list[tuple[Proc, int]], timeout_s: float) -> list[int]:
-    """The workers' ports, from their "listening" lines (a supervisor prints one per process, then a
-    summary line once all of them listen)."""
-    ports = []
-    for proc, count in workers:
-        if count > 1:
-            proc.wait_for_line(rf"^{count} worker processes started\b", timeout_s)
-            ports += [int(m.group(1)) for line in proc.lines if (m := re.search(_SERVER_LINES[kind, "worker"], line))]
-        else:
-            ports.append(int(proc.wait_for_line(_SERVER_LINES[kind, "worker"], timeout_s).group(1)))
-    return ports
+        return [(supervisor, rf"^{num_workers} worker processes started\b")]
+    return [(group.spawn(_server_args(kind, python, "worker", dispatcher_port), kind, f"worker{i}"),
+             _SERVER_LINES[kind, "worker"]) for i in range(num_workers)]
 
 
 def start_cluster(group: ProcessGroup, kind: str, python: str, num_workers: int,
                   timeout_s: float = START_TIMEOUT_S, client_args: Optional[Sequence[str]] = None
-                  ) -> tuple[Cluster, Optional[Proc]]:
+                  ) -> tuple[str, Optional[Proc]]:
     """Starts a dispatcher, then ``num_workers`` workers, and (if ``client_args``) the client, whose
-    imports overlap the workers' start-up. Returns once every server printed its listening line."""
+    imports overlap the workers' start-up. Returns the service address (``grpc://localhost:P``) and the
+    client once every worker is up."""
     if (kind, "dispatcher") not in _SERVER_LINES:
         raise ValueError(f"kind must be 'ours' or 'tf', got {kind!r}")
     dispatcher = group.spawn(_server_args(kind, python, "dispatcher"), kind, "dispatcher")
     port = int(dispatcher.wait_for_line(_SERVER_LINES[kind, "dispatcher"], timeout_s).group(1))
+    service = f"grpc://localhost:{port}"
     workers = _start_workers(group, kind, python, port, num_workers)
     client = None
     if client_args is not None:
-        client = spawn_client(group, kind, python, f"grpc://localhost:{port}", client_args)
-    return Cluster(kind, python, port, _await_workers(kind, workers, timeout_s)), client
+        client = spawn_client(group, kind, python, service, client_args)
+    for proc, started_line in workers:
+        proc.wait_for_line(started_line, timeout_s)
+    return service, client
 
 
 def spawn_client(group: ProcessGroup, kind: str, python: str, service: str, client_args: Sequence[str]) -> Proc:
-    module = "benchmarks.workloads" if kind == "ours" else "benchmarks.tf_service"
-    return group.spawn([python, "-m", module, "client", "--service", service, *client_args], kind, "client")
+    return group.spawn([python, "-m", CLIENT_MODULES[kind], "client", "--service", service, *client_args],
+                       kind, "client")
 
 
 def await_result(client: Proc, timeout_s: float) -> dict:
@@ -308,7 +290,7 @@ def await_result(client: Proc, timeout_s: float) -> dict:
 def run_client(group: ProcessGroup, kind: str, python: str, num_workers: int, client_args: Sequence[str],
                timeout_s: float) -> dict:
     """One measurement: a fresh cluster of ``num_workers`` workers and a fresh client; the client's result."""
-    _cluster, client = start_cluster(group, kind, python, num_workers, client_args=[
+    _service, client = start_cluster(group, kind, python, num_workers, client_args=[
         "--workers", str(num_workers), *client_args])
     return await_result(client, timeout_s)
 
@@ -327,5 +309,5 @@ def tensorflow_works(python: str, timeout_s: float = START_TIMEOUT_S) -> tuple[b
 
 if __name__ == "__main__":  # pragma: no cover - a manual check: start and stop one cluster of ours
     with ProcessGroup() as g:
-        c, _ = start_cluster(g, "ours", sys.executable, 2)
-        print(c)
+        service, _ = start_cluster(g, "ours", sys.executable, 2)
+        print(f"2 workers up; dispatcher at {service}")

@@ -85,8 +85,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, ProcessGroup, run_client,
-                                          subprocess_env, tensorflow_works)
+from benchmarks.cluster_processes import (CLIENT_MODULES, REPO, START_TIMEOUT_S, BenchmarkError, ProcessGroup,
+                                          run_client, subprocess_env, tensorflow_works)
 from benchmarks.workloads import FLOAT_ARRAY_ELEMENTS, GROUPS, MB, MODES, WORKLOADS, Workload
 
 #: Reads longer than this are stable enough: they are not repeated.
@@ -95,6 +95,8 @@ DEFAULT_TIMEOUT_S = 900.0
 TF_PYTHON_CANDIDATES = (Path("/work/tfvenv/bin/python"), REPO.parent / "tfvenv" / "bin" / "python",
                         REPO / "tfvenv" / "bin" / "python")
 SIDES = ("ours", "tf")
+#: Workload 5's bound above the baseline RSS: the outstanding requests' elements and the one the consumer holds.
+CLIENT_RSS_BOUND_MB = (WORKLOADS["client_rss"].max_outstanding_requests + 1) * FLOAT_ARRAY_ELEMENTS * 4 / MB
 _WORKLOAD_NUMBERS = {str(i + 1): key for i, key in enumerate(WORKLOADS)}
 
 
@@ -241,7 +243,7 @@ def measure_once(m: Measurement, python: str, workload: Workload, attempt: int, 
     started = time.monotonic()
     try:
         with ProcessGroup(keep_logs=keep_logs) as group:
-            result = run_client(group, "ours" if m.side == "ours" else "tf", python, m.workers,
+            result = run_client(group, m.side, python, m.workers,
                                 ["--workload", m.workload, "--mode", m.mode, "--n", str(m.n), *extra_args],
                                 timeout_s)
             if keep_logs:
@@ -284,12 +286,10 @@ def measure(side: str, python: str, workload: Workload, mode: str, n: int, repea
 
 def calibrate(side: str, python: str, target_ms: float) -> dict:
     """The busy-loop length of workload 6 for ``target_ms`` per element, measured under ``python``."""
-    module = "benchmarks.workloads" if side == "ours" else "benchmarks.tf_service"
-    kind = "ours" if side == "ours" else "tf"
     try:
-        result = subprocess.run([python, "-m", module, "calibrate", "--target-ms", str(target_ms)],
+        result = subprocess.run([python, "-m", CLIENT_MODULES[side], "calibrate", "--target-ms", str(target_ms)],
                                 capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=REPO,
-                                env=subprocess_env(kind))
+                                env=subprocess_env(side))
     except subprocess.TimeoutExpired as exc:
         raise BenchmarkError(f"calibrating the busy loop under {python} took over {START_TIMEOUT_S:.0f} s") from exc
     for line in result.stdout.splitlines():
@@ -300,9 +300,6 @@ def calibrate(side: str, python: str, target_ms: float) -> dict:
 
 
 # --- the table ----------------------------------------------------------------------------------------------
-
-_UNITS = {"elements/s": "el/s", "MB/s": "MB/s", "first element (ms)": "ms", "client peak RSS (MB)": "MB"}
-
 
 def _fmt(value: Optional[float], unit: str) -> str:
     if value is None:
@@ -360,9 +357,9 @@ def build_rows(measurements: list[Measurement], quick: bool, tf_enabled: bool) -
             elif key == "client_rss":
                 add(f"{title} [MB]", mode, "MB", key, 1, lambda r: r["peak_rss_mb"])
                 add("5b. baseline RSS + (8 + 1) x 1 MiB [MB]", mode, "MB", key, 1,
-                    lambda r: r["baseline_rss_mb"] + 9 * FLOAT_ARRAY_ELEMENTS * 4 / MB)
+                    lambda r: r["baseline_rss_mb"] + CLIENT_RSS_BOUND_MB)
                 add("5c. peak RSS - 5b: fixed overhead [MB]", mode, "MB", key, 1,
-                    lambda r: r["peak_rss_mb"] - r["baseline_rss_mb"] - 9 * FLOAT_ARRAY_ELEMENTS * 4 / MB)
+                    lambda r: r["peak_rss_mb"] - r["baseline_rss_mb"] - CLIENT_RSS_BOUND_MB)
             elif key == "cpu_map":
                 for workers in w.worker_counts:
                     add(f"{title}, {workers} worker process{'es' if workers > 1 else ''} [el/s]", mode, "el/s",

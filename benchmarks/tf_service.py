@@ -31,8 +31,8 @@ import sys
 import threading
 import time
 
-from benchmarks.workloads import (BATCH_SIZE, FLOAT_ARRAY_ELEMENTS, IMAGE_SHAPE, WORKLOADS, client_parser,
-                                  run_client_protocol)
+from benchmarks.workloads import (BATCH_SIZE, FLOAT_ARRAY_ELEMENTS, IMAGE_SHAPE, client_parser,
+                                  max_outstanding_requests, run_client_protocol)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -99,7 +99,7 @@ def _client(args: argparse.Namespace) -> int:
     def prepare():
         tf = _tf()
         dataset = tf_dataset(tf, args.workload, args.n, args.busy_iters)
-        outstanding = args.max_outstanding_requests or WORKLOADS[args.workload].max_outstanding_requests
+        outstanding = max_outstanding_requests(args)
 
         def make_iterator():
             distributed = dataset.apply(tf.data.experimental.service.distribute(
@@ -130,8 +130,7 @@ def _calibrate(target_ms: float) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = client_parser("TensorFlow's tf.data service: dispatcher, worker or benchmark client.")
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parser, commands = client_parser("TensorFlow's tf.data service: dispatcher, worker or benchmark client.")
     dispatcher = commands.add_parser("dispatcher", help="run tf.data service's DispatchServer")
     dispatcher.add_argument("--port", type=int, default=0)
     worker = commands.add_parser("worker", help="run tf.data service's WorkerServer")

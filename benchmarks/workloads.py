@@ -206,8 +206,8 @@ def expected_elements(workload: Workload, n: int, mode: str, workers: int) -> in
     return per_epoch * workers if mode == "parallel_epochs" else per_epoch
 
 
-def client_parser(description: str) -> argparse.ArgumentParser:
-    """The command line of a client process, ours or TensorFlow's."""
+def client_parser(description: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The command line of a client process, ours or TensorFlow's, and its subcommands (to add to)."""
     parser = argparse.ArgumentParser(description=description)
     commands = parser.add_subparsers(dest="command", required=True)
     client = commands.add_parser("client", help="measure one workload against a running service")
@@ -221,7 +221,12 @@ def client_parser(description: str) -> argparse.ArgumentParser:
     client.add_argument("--no-wait", action="store_true", help="do not wait for GO on stdin")
     calibrate = commands.add_parser("calibrate", help="busy-loop length for --target-ms per element")
     calibrate.add_argument("--target-ms", type=float, default=0.5)
-    return parser
+    return parser, commands
+
+
+def max_outstanding_requests(args: argparse.Namespace) -> Optional[int]:
+    """The client's ``max_outstanding_requests``: ``--max-outstanding-requests``, else the workload's."""
+    return args.max_outstanding_requests or WORKLOADS[args.workload].max_outstanding_requests
 
 
 def run_client_protocol(args: argparse.Namespace, prepare: Callable[[], Callable[[], Iterator]],
@@ -265,10 +270,8 @@ def our_dataset(workload: Workload, n: int, busy_iters: int):
 
 def _wait_for_workers(service: str, workers: int, timeout_s: float = 60.0) -> None:
     """Until the dispatcher knows ``workers`` workers (they register before announcing; this checks)."""
-    try:
-        from dataservice.service.dispatcher_client import DispatcherClient
-    except ImportError:  # an internal module; the check is a nicety
-        return
+    from dataservice.service.dispatcher_client import DispatcherClient
+
     client = DispatcherClient(service, timeout_ms=int(timeout_s * 1000))
     try:
         deadline = time.monotonic() + timeout_s
@@ -285,7 +288,7 @@ def _our_client(args: argparse.Namespace) -> int:
         from dataservice import distribute
 
         dataset = our_dataset(WORKLOADS[args.workload], args.n, args.busy_iters)
-        outstanding = args.max_outstanding_requests or WORKLOADS[args.workload].max_outstanding_requests
+        outstanding = max_outstanding_requests(args)
 
         def make_iterator() -> Iterator:
             return iter(dataset.apply(distribute(args.mode, args.service, max_outstanding_requests=outstanding,
@@ -311,7 +314,8 @@ def _calibrate(target_ms: float) -> dict:
 
 
 def client_main(argv: Optional[list] = None) -> int:
-    args = client_parser("A benchmark client of our service (see benchmarks.run).").parse_args(argv)
+    parser, _ = client_parser("A benchmark client of our service (see benchmarks.run).")
+    args = parser.parse_args(argv)
     if args.command == "calibrate":
         print("RESULT " + json.dumps(_calibrate(args.target_ms)), flush=True)
         return 0

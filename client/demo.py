@@ -96,7 +96,7 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: fl
     return proc.wait()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main() -> int:
     """Runs the demo; returns 0 when training finished and the cluster exited cleanly."""
     print("starting a local cluster: python -m dataservice local --workers 2 --port 0", flush=True)
     proc, service = start_local_cluster(workers=2, extra_args=["--log-level", "WARNING"])

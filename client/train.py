@@ -35,6 +35,7 @@ import numpy as np
 
 import dataservice as ds
 from dataservice import errors
+from dataservice.cli import positive_int
 
 __all__ = ["TrainResult", "make_dataset", "train", "build_parser", "main", "ProgressBar"]
 
@@ -214,16 +215,6 @@ def _train_step(weights: np.ndarray, images: np.ndarray, labels: np.ndarray,
     return loss, weights - learning_rate * grad
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m client.train`` (also used to check deploy files)."""
     parser = argparse.ArgumentParser(prog="python -m client.train",
@@ -233,13 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("parallel_epochs", "distributed_epoch"), default="distributed_epoch",
                         help="processing mode: parallel_epochs (each worker produces all the data) or "
                              "distributed_epoch (every element once; default)")
-    parser.add_argument("--epochs", type=_positive_int, default=1, help="number of epochs (default: 1)")
-    parser.add_argument("--steps", type=_positive_int, default=None,
+    parser.add_argument("--epochs", type=positive_int, default=1, help="number of epochs (default: 1)")
+    parser.add_argument("--steps", type=positive_int, default=None,
                         help="stop each epoch after this many batches (default: the whole epoch)")
-    parser.add_argument("--num-examples", type=_positive_int, default=12_800,
+    parser.add_argument("--num-examples", type=positive_int, default=12_800,
                         help="examples in the fake dataset (default: 12800)")
-    parser.add_argument("--batch-size", type=_positive_int, default=64, help="batch size (default: 64)")
-    parser.add_argument("--timeout-ms", type=_positive_int, default=60_000,
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="batch size (default: 64)")
+    parser.add_argument("--timeout-ms", type=positive_int, default=60_000,
                         help="how long to wait for an unreachable dispatcher (default: 60000)")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     return parser

@@ -44,10 +44,16 @@ import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
 from dataservice import errors
+from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.addresses import channel_address, target
+from dataservice.service.config import DispatcherConfig, WorkerConfig
+from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.worker.processes import (WorkerProcesses, WorkerProcessesError, available_cpus, follow_supervisor,
+                                          worker_command)
+from dataservice.worker.server import WorkerServer
 
 __all__ = ["main", "build_parser", "dispatcher_config", "worker_config", "worker_process_flags", "status_as_dict",
-           "format_status"]
+           "format_status", "positive_int"]
 
 log = logging.getLogger("dataservice.cli")
 
@@ -81,14 +87,13 @@ def _int_flag(what: str, low: int, high: Optional[int] = None, name: str = "") -
 
 _port = _int_flag("0 picks a free port", 0, 65535, name="port")
 _positive_ms = _int_flag("a positive number of milliseconds", 1)
-_positive_int = _int_flag("a positive integer", 1)
+#: An argparse type: a positive integer (also used by ``client.train``).
+positive_int = _int_flag("a positive integer", 1)
 
 
 def _processes(text: str) -> int:
     """``--processes``: a positive integer, or "auto" for one process per available core."""
     if text.strip().lower() == "auto":
-        from dataservice.worker.processes import available_cpus
-
         return available_cpus()
     try:
         value = int(text)
@@ -115,6 +120,11 @@ def _log_level(text: str) -> str:
 
 
 # --- the parser -----------------------------------------------------------------------
+
+def _add_dispatcher_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dispatcher", type=_dispatcher_address, required=True, metavar="HOST:PORT",
+                        help="the dispatcher's address, as host:port or grpc://host:port")
+
 
 def _add_log_level(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
@@ -171,8 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser(
         "worker", help="run a worker",
         description="Run a worker: it produces elements of the tasks the dispatcher assigns it.")
-    worker.add_argument("--dispatcher", type=_dispatcher_address, required=True, metavar="HOST:PORT",
-                        help="the dispatcher's address, as host:port or grpc://host:port")
+    _add_dispatcher_address(worker)
     worker.add_argument("--port", type=_port, default=0,
                         help="port the worker listens on; 0 picks a free one (default: 0)")
     worker.add_argument("--worker-address", metavar="ADDR", default=None,
@@ -191,8 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status", help="show a dispatcher's workers, datasets and jobs",
         description="Show the workers, datasets and jobs a dispatcher knows about.")
-    status.add_argument("--dispatcher", type=_dispatcher_address, required=True, metavar="HOST:PORT",
-                        help="the dispatcher's address, as host:port or grpc://host:port")
+    _add_dispatcher_address(status)
     status.add_argument("--json", action="store_true",
                         help='print JSON with the keys "workers", "datasets" and "jobs" instead of tables')
     status.add_argument("--timeout-ms", type=_positive_ms, metavar="N", default=STATUS_TIMEOUT_MS,
@@ -203,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     local = commands.add_parser(
         "local", help="run a dispatcher and N workers in this process",
         description="Run a dispatcher and N workers in one process: a whole cluster for development and tests.")
-    local.add_argument("--workers", type=_positive_int, default=2, metavar="N",
+    local.add_argument("--workers", type=positive_int, default=2, metavar="N",
                        help="number of workers to start (default: 2)")
     _add_dispatcher_flags(local, default_port=5050)
     _add_worker_timing_flags(local)
@@ -216,8 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dispatcher_config(args: argparse.Namespace):
     """The DispatcherConfig that ``args`` ask for; ValueError worded in terms of flags."""
-    from dataservice.service.config import DispatcherConfig
-
     if args.fault_tolerant and not args.work_dir:
         raise ValueError("--fault-tolerant requires --work-dir DIR, the directory the journal is written to")
     return DispatcherConfig(port=args.port, work_dir=args.work_dir, fault_tolerant_mode=args.fault_tolerant,
@@ -228,8 +234,6 @@ def dispatcher_config(args: argparse.Namespace):
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
     """The WorkerConfig that ``args`` ask for (``local`` passes its own dispatcher and port)."""
-    from dataservice.service.config import WorkerConfig
-
     return WorkerConfig(dispatcher_address=dispatcher_address or args.dispatcher,
                         worker_address=getattr(args, "worker_address", None),
                         port=args.port if port is None else port,
@@ -321,8 +325,6 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
 
 
 def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dataservice.dispatcher.server import DispatchServer
-
     try:
         config = dispatcher_config(args)
     except ValueError as exc:
@@ -337,9 +339,6 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dataservice.worker.processes import follow_supervisor
-    from dataservice.worker.server import WorkerServer
-
     try:
         config = worker_config(args)
     except ValueError as exc:
@@ -375,28 +374,23 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
 
 def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentParser, config) -> int:
     """``worker --processes N`` with N > 1: supervise N worker processes (dataservice.worker.processes)."""
-    from dataservice.worker.processes import WorkerProcesses, WorkerProcessesError, worker_command
-
     n = args.processes
     if "%port%" not in config.worker_address:
         parser.error(f"--worker-address {config.worker_address!r} must contain %port% with --processes {n}: "
                      f"each process listens on a port of its own, and clients tell the processes apart by it "
                      f"(e.g. {config.worker_address.rsplit(':', 1)[0]}:%port%)")
-    ranges = {"--port": args.port}
-    if args.data_transfer_protocol == "tcp":
-        ranges["--data-transfer-port"] = args.data_transfer_port
-    for flag, first in ranges.items():
+    # Only tcp data transfer listens on a port of its own; 0 (free ports) needs no check.
+    data_transfer_port = args.data_transfer_port if args.data_transfer_protocol == "tcp" else 0
+    for flag, first in (("--port", args.port), ("--data-transfer-port", data_transfer_port)):
         if first and first + n - 1 > 65535:
             parser.error(f"{flag} {first} with --processes {n} needs the ports {first}..{first + n - 1}, "
                          f"beyond 65535")
-    if len(ranges) == 2 and args.port and args.data_transfer_port \
-            and abs(args.port - args.data_transfer_port) < n:
+    if args.port and data_transfer_port and abs(args.port - data_transfer_port) < n:
         parser.error(f"with --processes {n}, the ports {args.port}..{args.port + n - 1} and the data-transfer "
-                     f"ports {args.data_transfer_port}..{args.data_transfer_port + n - 1} overlap")
+                     f"ports {data_transfer_port}..{data_transfer_port + n - 1} overlap")
     _setup_logging(args.log_level)
     group = WorkerProcesses(worker_command(worker_process_flags(args)), n, port=args.port,
-                            data_transfer_port=args.data_transfer_port if "--data-transfer-port" in ranges else 0,
-                            dispatcher_address=config.dispatcher_address)
+                            data_transfer_port=data_transfer_port, dispatcher_address=config.dispatcher_address)
     shutdown = _Shutdown()
     shutdown.install()
     try:
@@ -410,13 +404,10 @@ def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentPar
 
 
 def _run_local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dataservice.dispatcher.server import DispatchServer
-    from dataservice.worker.server import WorkerServer
-
+    # The worker flags need no check here: argparse checked each of them, and they have no combinations
+    # a WorkerConfig rejects.
     try:
         config = dispatcher_config(args)
-        # Validate the worker flags now, before anything binds a port.
-        worker_config(args, dispatcher_address="localhost:1", port=0)
     except ValueError as exc:
         parser.error(str(exc))
     _setup_logging(args.log_level)
@@ -516,8 +507,6 @@ def format_status(status: dict, out: TextIO) -> None:
 
 
 def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dataservice.service.dispatcher_client import DispatcherClient
-
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms)
     try:

@@ -10,9 +10,8 @@ Example::
     ...     ds = Dataset.range(10).apply(distribute("parallel_epochs", cluster.target))
     ...     sorted(int(x) for x in ds)
 
-Test modules use the ``cluster`` fixture (two workers) with
-``from tests.cluster import cluster  # noqa: F401``, or build their own
-``TestCluster`` when they need another shape.
+Every test module can use the ``cluster`` fixture (two workers; ``tests/conftest.py``
+registers it), or build its own ``TestCluster`` when it needs another shape.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ class TestCluster:
         self.dispatcher: Optional[DispatchServer] = None
         #: Every worker by index; a stopped one stays (stopped) so that it can be restarted on its port.
         self.workers: list[WorkerServer] = []
-        self._stopped_workers: set[int] = set()
         try:
             self.dispatcher = DispatchServer(self._dispatcher_config)
             # Later restarts must come back on the port workers and clients already use.
@@ -135,19 +133,13 @@ class TestCluster:
     def stop_worker(self, index: int) -> None:
         """Stops worker ``index``; it stays in ``workers`` (stopped) and can be restarted."""
         self.workers[index].stop()
-        self._stopped_workers.add(index)
 
     def restart_worker(self, index: int) -> WorkerServer:
         """Stops worker ``index`` (if running) and starts a new worker on the same port."""
         old = self.workers[index]
         self.stop_worker(index)
         self.workers[index] = WorkerServer(dataclasses.replace(old.config, port=old.port))
-        self._stopped_workers.discard(index)
         return self.workers[index]
-
-    @property
-    def running_workers(self) -> list[WorkerServer]:
-        return [w for i, w in enumerate(self.workers) if i not in self._stopped_workers]
 
     # --- lifecycle ---------------------------------------------------------------------
     def stop(self) -> None:

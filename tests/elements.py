@@ -18,3 +18,8 @@ def values(ds, tuples_as_lists: bool = False):
             return {k: conv(v) for k, v in x.items()}
         return x
     return [conv(x) for x in ds]
+
+
+def ints(dataset) -> list[int]:
+    """The elements of ``dataset`` as Python ints."""
+    return [int(x) for x in dataset]

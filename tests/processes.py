@@ -232,8 +232,13 @@ class Processes:
         return self.await_dispatcher(Server(proc, port))
 
     def await_dispatcher(self, server: Server) -> Server:
+        return self._await_listening(server, r"^dispatcher listening on grpc://localhost:(\d+)$")
+
+    @staticmethod
+    def _await_listening(server: Server, pattern: str) -> Server:
+        """Waits for the server's "listening" line (group 1: its port); says what holds the port if none comes."""
         try:
-            match = server.proc.wait_for_line(r"^dispatcher listening on grpc://localhost:(\d+)$")
+            match = server.proc.wait_for_line(pattern)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{sockets_on(server.port)}") from None
         server.port = int(match.group(1))
@@ -249,12 +254,7 @@ class Processes:
         return self.await_worker(server) if wait else server
 
     def await_worker(self, server: Server) -> Server:
-        try:
-            match = server.proc.wait_for_line(r"^worker listening on localhost:(\d+) ")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{sockets_on(server.port)}") from None
-        server.port = int(match.group(1))
-        return server
+        return self._await_listening(server, r"^worker listening on localhost:(\d+) ")
 
     def workers(self, dispatcher_port: int, n: int) -> list[Server]:
         """``n`` workers started at once (their start-ups overlap)."""

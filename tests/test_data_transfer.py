@@ -24,7 +24,8 @@ from dataservice.client.transports import TcpTransport, TransientError, _Receive
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service import cross_memory
 from dataservice.service.wire import OUT_OF_BAND_BYTES, buffer_sizes, decode_frame
-from dataservice.worker.data_server import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, DataServer
+from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER
+from dataservice.worker.data_server import DataServer
 from dataservice.worker.task_runner import TaskRunner
 
 TASK_ID = 7

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from dataservice import AUTOTUNE, Dataset, Options
+from tests.elements import ints
 
 WAIT = 10
 
@@ -17,10 +18,6 @@ def pool(size):
     o = Options()
     o.threading.private_threadpool_size = size
     return o
-
-
-def ints(ds):
-    return [int(x) for x in ds]
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 4, AUTOTUNE])

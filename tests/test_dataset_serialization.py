@@ -37,23 +37,12 @@ def _python(script, *args):
 # Runs a serialized pipeline in a fresh interpreter and prints its elements as JSON.
 RUN_BLOB = """
 import json, sys
-import numpy as np
 from dataservice.data.serialization import deserialize_dataset
-
-def conv(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, tuple):
-        return [conv(v) for v in x]
-    if isinstance(x, dict):
-        return {k: conv(v) for k, v in x.items()}
-    return x
+from tests.elements import values  # numpy and plain Python only: nothing of the pipeline's test module
 
 with open(sys.argv[1], "rb") as f:
     ds = deserialize_dataset(f.read())
-print(json.dumps([conv(x) for x in ds]))
+print(json.dumps(values(ds, tuples_as_lists=True)))
 """
 
 

@@ -5,7 +5,6 @@ RPC and leaves the state as it was."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 import time
@@ -21,6 +20,7 @@ from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.rpc import make_channel
 from tests.cluster import TestCluster, free_port
+from tests.journals import comparable, fail_writes, replay
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -41,20 +41,6 @@ def dispatcher(tmp_path):
 def dataset_ids(server: DispatchServer) -> list[int]:
     with server.core._cond:
         return sorted(server.core.state.datasets)
-
-
-def fail_writes(server: DispatchServer) -> None:
-    """Points the journal's file descriptor at /dev/full: the next write fails with ENOSPC."""
-    full = os.open("/dev/full", os.O_WRONLY)
-    try:
-        os.dup2(full, server.core.store.journal._fd)
-    finally:
-        os.close(full)
-
-
-def comparable(state) -> list[bytes]:
-    """The state's tables as bytes, without the id floor (a restart only raises it)."""
-    return [u.SerializeToString() for u in state.to_updates() if u.WhichOneof("kind") != "id_floor"]
 
 
 def replayed_state(work_dir):
@@ -139,15 +125,7 @@ def test_torn_tail_at_start_is_dropped_with_a_warning(tmp_path, caplog):
         second = register_dataset(server.target, Dataset.range(4))
     finally:
         server.stop()
-    assert sorted(u.register_dataset.dataset_id for u in replayed_updates(tmp_path)) == [first, second]
-
-
-def replayed_updates(work_dir) -> list[state_pb2.Update]:
-    journal = journal_mod.Journal(str(work_dir))
-    try:
-        return journal.open()
-    finally:
-        journal.close()
+    assert sorted(u.register_dataset.dataset_id for u in replay(tmp_path)) == [first, second]
 
 
 # --- a start that must fail -------------------------------------------------------------------
@@ -191,7 +169,7 @@ def test_fault_tolerant_mode_requires_a_work_dir():
 
 def test_failed_journal_write_fails_the_rpc_and_rolls_back(dispatcher):
     first = register_dataset(dispatcher.target, Dataset.range(3))
-    fail_writes(dispatcher)
+    fail_writes(dispatcher.core.store.journal)
     channel = make_channel(f"localhost:{dispatcher.port}")
     try:
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)
@@ -213,7 +191,7 @@ def test_failed_journal_write_fails_the_rpc_and_rolls_back(dispatcher):
 def test_journal_that_stays_unwritable_fails_changes_with_a_clear_error(dispatcher, tmp_path):
     pipeline = Dataset.range(3)
     first = register_dataset(dispatcher.target, pipeline)
-    fail_writes(dispatcher)
+    fail_writes(dispatcher.core.store.journal)
     probe = tmp_path / journal_mod.PROBE_FILE
     probe.mkdir()  # the work_dir stops taking writes: the journal cannot be reopened
 

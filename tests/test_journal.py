@@ -19,6 +19,7 @@ from dataservice.dispatcher.state import DispatcherState
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
+from tests.journals import comparable, fail_writes, replay
 
 HEADER = journal_mod._HEADER.size
 
@@ -53,14 +54,6 @@ def record_offsets(work_dir) -> list[int]:
     return offsets
 
 
-def replay(work_dir) -> list[state_pb2.Update]:
-    journal = Journal(str(work_dir))
-    try:
-        return journal.open()
-    finally:
-        journal.close()
-
-
 def state_from(updates) -> DispatcherState:
     state = DispatcherState()
     for update in updates:
@@ -71,12 +64,6 @@ def state_from(updates) -> DispatcherState:
 def state_of(updates) -> list[bytes]:
     """A comparable form of the state ``updates`` build."""
     return comparable(state_from(updates))
-
-
-def comparable(state: DispatcherState) -> list[bytes]:
-    """The state's tables as bytes. Without the id floor: a restarted dispatcher's next id
-    is at least the old one (checked apart), and usually more (ids are time-based)."""
-    return [u.SerializeToString() for u in state.to_updates() if u.WhichOneof("kind") != "id_floor"]
 
 
 # --- framing ---------------------------------------------------------------------------------
@@ -220,7 +207,6 @@ def make_core(work_dir, checkpoint_records: int):
     store = JournaledStore(str(work_dir), checkpoint_records=checkpoint_records)
     store.open()
     core = DispatcherCore(DispatcherConfig(), store=store)
-    store.bind_lock(core._cond)
     return core, store
 
 
@@ -343,15 +329,6 @@ def test_a_burst_of_appends_takes_few_fsyncs(tmp_path):
 
 # --- a failing write -------------------------------------------------------------------------
 
-def fail_writes(journal: Journal) -> None:
-    """Points the journal's file descriptor at /dev/full: every write fails with ENOSPC."""
-    full = os.open("/dev/full", os.O_WRONLY)
-    try:
-        os.dup2(full, journal._fd)
-    finally:
-        os.close(full)
-
-
 def register(core, blob: bytes) -> int:
     return core.register_dataset(pb.RegisterDatasetRequest(dataset_def=blob, num_splits=4)).dataset_id
 
@@ -413,6 +390,46 @@ def test_a_commit_after_an_unnoticed_failure_rolls_back_and_fails(tmp_path):
         register(core, b"next")
     assert list(core.state.datasets) == [first]
     core.wait_durable()  # nothing pending for this thread any more
+    store.close()
+
+
+def test_long_poll_waiting_across_a_rollback_is_unavailable(tmp_path):
+    """A heartbeat registers its worker (a write that will fail) and long-polls; another RPC
+    finds the write failed and rolls back, so the worker is gone from the state the poll
+    wakes to: the poll answers UNAVAILABLE (the worker retries), not INTERNAL."""
+    core, store = make_core(tmp_path, checkpoint_records=1000)
+    fail_writes(store.journal)
+    outcome = {}
+
+    def poll() -> None:
+        try:
+            outcome["response"] = core.worker_heartbeat(pb.WorkerHeartbeatRequest(
+                worker_address="w:1", worker_uid="u1", wait_ms=5_000))
+        except BaseException as exc:  # asserted below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    for _ in range(500):
+        with core._cond:  # the poll holds the lock until it waits
+            if "w:1" in core.state.workers:
+                break
+        threading.Event().wait(0.01)
+    else:
+        pytest.fail("the heartbeat did not register its worker")
+    with pytest.raises(JournalError, match="journal write failed"):
+        core.wait_durable()  # finds the failed write and rolls back
+    thread.join(5)
+    assert not thread.is_alive()
+    assert "w:1" not in core.state.workers
+    error = outcome.get("error")
+    assert type(error) is errors.ServiceUnavailableError, outcome
+    assert "rolled back after a failed journal write" in str(error)
+
+    # The worker's retry registers it again in the reopened journal.
+    core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address="w:1", worker_uid="u1"))
+    core.wait_durable()
+    assert "w:1" in core.state.workers
     store.close()
 
 

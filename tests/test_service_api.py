@@ -14,16 +14,13 @@ import time
 import pytest
 
 from dataservice import Dataset, ShardingPolicy, distribute, errors, from_dataset_id, register_dataset
-from tests.cluster import TestCluster, cluster, wait_until  # noqa: F401  (cluster is a fixture)
+from tests.cluster import TestCluster, wait_until
+from tests.elements import ints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A background thread (fetcher, heartbeat, task) dying of an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
-
-def ints(dataset) -> list[int]:
-    return [int(x) for x in dataset]
 
 
 def read_in_threads(datasets, timeout_s: float = 20.0) -> list[list[int]]:

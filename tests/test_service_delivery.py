@@ -122,7 +122,10 @@ def test_stalled_worker_does_not_stop_the_others(cluster):
     """Worker 0 still heartbeats (so it is not declared lost) but serves nothing: the
     elements of worker 1 keep flowing. (tests/test_kill9.py stalls a real process with SIGSTOP.)"""
     cluster.workers[0]._server.stop(0)
-    iterator = iter(Dataset.range(500).apply(distribute("parallel_epochs", cluster.target)))
+    cluster.workers[0]._data_server.stop()  # elements go over its data-transfer server, not gRPC
+    # Few credits, so that a response cannot hold one worker's whole epoch.
+    iterator = iter(Dataset.range(500).apply(distribute("parallel_epochs", cluster.target,
+                                                        max_outstanding_requests=16)))
     assert sorted(read_until(iterator, 500)) == list(range(500))
 
 

@@ -12,14 +12,11 @@ import grpc
 import pytest
 
 from dataservice import Dataset, distribute, errors, from_dataset_id, register_dataset
-from tests.cluster import TestCluster, cluster, free_port  # noqa: F401  (cluster is a fixture)
+from tests.cluster import TestCluster, free_port
+from tests.elements import ints
 
 # A background thread (fetcher, heartbeat, task) dying of an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
-
-def ints(dataset) -> list[int]:
-    return [int(x) for x in dataset]
 
 
 # --- bad arguments: ValueError naming the argument, at call time ------------------------------

@@ -18,14 +18,11 @@ from dataservice.client.reader import IterationReader
 from dataservice.data.serialization import serialize_dataset
 from dataservice.proto import state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
-from tests.cluster import TestCluster, cluster, free_port, wait_until  # noqa: F401  (cluster is a fixture)
+from tests.cluster import TestCluster, free_port, wait_until
+from tests.elements import ints
 
 # A background thread (fetcher, heartbeat, task) dying of an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-
-
-def ints(dataset) -> list[int]:
-    return [int(x) for x in dataset]
 
 
 def run_with_deadline(fn, timeout_s: float):
@@ -331,7 +328,7 @@ def test_new_read_after_a_dispatcher_restart_works(cluster):
     assert sorted(ints(dataset)) == sorted(list(range(10)) * 2)
     cluster.restart_dispatcher()
     cluster.wait_for_workers(2)
-    # The same Dataset object re-registers with the new dispatcher.
+    # A new distribute() registers the pipeline with the new dispatcher (an old one keeps the old id).
     dataset = Dataset.range(10).apply(distribute("parallel_epochs", cluster.target))
     assert sorted(ints(dataset)) == sorted(list(range(10)) * 2)
     assert register_dataset(cluster.target, Dataset.range(3)) > 0

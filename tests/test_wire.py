@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dataservice.service.wire import (FIXED_PREFIX_BYTES, OUT_OF_BAND_BYTES, WireFormatError, buffer_sizes,
-                                      decode_elements, decode_frame, encode_elements, iter_chunks, prefix_size)
+                                      decode_elements, decode_frame, encode_elements, iter_chunks, split_frame)
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -123,9 +123,10 @@ def test_in_band_arrays_are_eight_byte_aligned():
         assert (array.ctypes.data - base) % 8 == 0
 
 
-def test_prefix_size_locates_the_buffers():
+def test_split_frame_locates_the_buffers():
     frame = encode_elements([np.zeros(BIG, np.float32), np.int64(3)])
-    assert prefix_size(whole(frame)) == frame.prefix_nbytes
+    prefix, buffers = split_frame(whole(frame))
+    assert len(prefix) == frame.prefix_nbytes and [b.nbytes for b in buffers] == frame.buffer_sizes
     assert frame.prefix_nbytes % 8 == 0 and frame.prefix_nbytes >= FIXED_PREFIX_BYTES + 8
 
 

@@ -93,8 +93,3 @@ class BufferPool:
                 continue
             keep.append(buffer)
         self._buffers = keep
-
-    def clear(self) -> None:
-        with self._lock:
-            self._buffers.clear()
-            self._tracked_bytes = 0

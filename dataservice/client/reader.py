@@ -44,6 +44,9 @@ MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 #: How long a GetElements call waits at the worker for a first element.
 GET_ELEMENTS_WAIT_MS = 500
+#: The same, when there are fewer credits than tasks: a fetcher holding the only credits must not
+#: sit on a worker that has nothing (say, no split left) while another worker has elements ready.
+SCARCE_CREDITS_WAIT_MS = 20
 #: How often the client tells the dispatcher it is alive (and learns of new tasks).
 CLIENT_HEARTBEAT_INTERVAL_S = 1.0
 #: Heartbeats a client sends at most, when split ends make it report early.
@@ -133,7 +136,6 @@ class IterationReader:
         self._totals: dict[tuple[int, int], int] = {}
         self._dirty: set = set()
         self._revoked: set[int] = set()
-        self._reported_revoked: set[int] = set()
         self._current: list = []
         self._current_bytes = 0
         self._pos = 0
@@ -203,10 +205,6 @@ class IterationReader:
             progress, stopped = self._progress_report()
             try:
                 response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped)
-            except ValueError:
-                if self._stop.is_set():
-                    return  # close() shut the channel under this call (grpc raises ValueError)
-                raise
             except errors.DataServiceError as exc:
                 if not self._stop.is_set():
                     self._out.put(exc)
@@ -214,6 +212,7 @@ class IterationReader:
             with self._lock:
                 # Stop accepting elements from revoked tasks before saying so next time: from
                 # then on what we report holding of their splits is final.
+                fresh = not self._revoked.issuperset(response.revoked_tasks)  # to confirm at once
                 self._revoked.update(response.revoked_tasks)
                 if response.iteration_finished and not self._fetchers:
                     # We joined an iteration other readers of the job already read to its end: its
@@ -229,8 +228,6 @@ class IterationReader:
                     thread.start()
                 ended = self._finished_tasks | self._revoked
                 all_done = bool(self._fetchers) and all(t in ended for t in self._fetchers)
-                fresh = bool(response.revoked_tasks) and not set(response.revoked_tasks) <= self._reported_revoked
-                self._reported_revoked.update(response.revoked_tasks)
             # The end: every task we know has ended, and a heartbeat taken after that shows no new one.
             if all_done and not new and not self._dirty and not response.more_tasks_expected:
                 self._out.put(_END)
@@ -283,8 +280,10 @@ class IterationReader:
                 n = self._credits.acquire(self._max_per_request, timeout_s=0.5)
                 if n == 0:
                     continue
+                wait_ms = GET_ELEMENTS_WAIT_MS if self._credits.total >= self._credits.fetchers \
+                    else SCARCE_CREDITS_WAIT_MS
                 request = worker_pb2.GetElementsRequest(task_id=task_id, client_id=self.client_id, max_elements=n,
-                                                        max_bytes=MAX_RESPONSE_BYTES, wait_ms=GET_ELEMENTS_WAIT_MS)
+                                                        max_bytes=MAX_RESPONSE_BYTES, wait_ms=wait_ms)
                 try:
                     head, frame = transport.get(request)
                 except TransientError:

@@ -29,11 +29,12 @@ from google.protobuf.message import DecodeError
 from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.proto import dispatcher_pb2, worker_pb2, worker_pb2_grpc
-from dataservice.service.addresses import parse_address
+from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service import cross_memory
 from dataservice.service.rpc import make_channel, translate
-from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, prefix_size
-from dataservice.worker.data_server import REQUEST_HEADER, RESPONSE_HEADER
+from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCOLS
+from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, split_frame
 
 __all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "GET_ELEMENTS_TIMEOUT_S",
            "DATA_TRANSFER_PROTOCOLS"]
@@ -67,9 +68,8 @@ class ReceivedFrame:
 
 class GrpcTransport:
     def __init__(self, worker_address: str):
-        host, port = parse_address(worker_address, "worker")
         self._what = f"worker {worker_address}"
-        self._channel = make_channel(f"{host}:{port}")
+        self._channel = make_channel(channel_address(worker_address, "worker"))
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     def get(self, request: worker_pb2.GetElementsRequest) -> tuple[worker_pb2.ElementChunk, ReceivedFrame]:
@@ -90,13 +90,10 @@ class GrpcTransport:
         head.data = b""
         if not data:
             return head, ReceivedFrame(bytearray(), [])
-        view = memoryview(data)
-        start = prefix_size(view)
-        buffers = []
-        for n in buffer_sizes(view):
-            buffers.append(view[start:start + n])
-            start += n
-        return head, ReceivedFrame(view[:prefix_size(view)], buffers)
+        try:
+            return head, ReceivedFrame(*split_frame(data))
+        except WireFormatError as exc:
+            raise errors.ServiceError(f"{self._what} sent a malformed frame: {exc}") from exc
 
     def close(self) -> None:
         self._channel.close()
@@ -127,12 +124,8 @@ class _Receiver:
             dest = dest[k:]
             n -= k
         if n >= self.SCRATCH_BYTES // 2:
-            got = 0
-            while got < n:
-                k = self._sock.recv_into(dest[got:])
-                if k == 0:
-                    raise ConnectionError("the worker closed the connection")
-                got += k
+            if not recv_into_exact(self._sock, dest):
+                raise ConnectionError("the worker closed the connection")
             return
         self._start = 0
         self._end = 0
@@ -280,8 +273,8 @@ class TcpTransport:
                 self._receiver = None
 
 
-#: What ``distribute(data_transfer_protocol=...)`` accepts.
-DATA_TRANSFER_PROTOCOLS = (None, "tcp", "grpc")
+#: What ``distribute(data_transfer_protocol=...)`` accepts: None for the fastest a worker offers.
+DATA_TRANSFER_PROTOCOLS = (None, *WORKER_PROTOCOLS)
 
 
 def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None, protocol: Optional[str] = None

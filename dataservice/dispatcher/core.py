@@ -42,6 +42,10 @@ class StateStore(Protocol):
 
     def wait_durable(self) -> None: ...
 
+    def bind_lock(self, lock: threading.Condition) -> None:
+        """The core's lock, which commits arrive holding; a store that replaces ``state``
+        outside a commit (a journal rollback) takes it and notifies its waiters."""
+
 
 class MemoryStore:
     """The state in memory only: a restart forgets it."""
@@ -54,6 +58,14 @@ class MemoryStore:
 
     def wait_durable(self) -> None:
         return None
+
+    def bind_lock(self, lock: threading.Condition) -> None:
+        return None  # the state only changes through commits, under the core's lock
+
+
+def first_id_now() -> int:
+    """The first id a fresh state hands out: microseconds since the epoch (see DispatcherCore.__init__)."""
+    return time.time_ns() // 1000
 
 
 #: How long GetSplit waits for a split to come free before telling the task to ask again.
@@ -75,10 +87,11 @@ class DispatcherCore:
         # silently attach them to this incarnation's objects (a worker would even run its
         # cached pipeline for another dataset). Microseconds since the epoch only grow, and
         # replaying a journal only ever raises the next id.
-        self.store: StateStore = store or MemoryStore(DispatcherState(first_id=time.time_ns() // 1000))
+        self.store: StateStore = store or MemoryStore(DispatcherState(first_id=first_id_now()))
         self.incarnation = uuid.uuid4().hex
         self._clock = clock
         self._cond = threading.Condition()
+        self.store.bind_lock(self._cond)
         self._worker_seen: dict[str, float] = {}
         self._worker_seen_unix: dict[str, float] = {}
         self._client_seen: dict[int, float] = {}
@@ -110,6 +123,16 @@ class DispatcherCore:
 
     def _event(self, kind: str, **fields) -> None:
         self.events.append((kind, fields))
+
+    def _wait(self, state: DispatcherState, timeout: float) -> None:
+        """A long poll's wait: ServiceUnavailableError if the state the poll started from is
+        gone when it wakes (a failed journal write rolled it back: the poll's tasks, workers
+        and iterations may no longer exist). Whatever it held of the old state is stale."""
+        self._cond.wait(timeout)
+        if self.state is not state:
+            raise errors.ServiceUnavailableError(
+                "the dispatcher's state was rolled back after a failed journal write while this request "
+                "waited; retry it")
 
     # --- datasets -----------------------------------------------------------------
     def register_dataset(self, req: dispatcher_pb2.RegisterDatasetRequest) -> dispatcher_pb2.RegisterDatasetResponse:
@@ -235,17 +258,18 @@ class DispatcherCore:
                 self._create_task(iteration.iteration_id, address, stream_id=stream)
                 self._event("resume_stream", iteration_id=iteration.iteration_id, stream_id=stream, worker=address)
 
-    def _task_def(self, task_id: int) -> dispatcher_pb2.TaskDef:
+    def _task_def(self, task_id: int, with_skip_ranges: bool = True) -> dispatcher_pb2.TaskDef:
+        """``with_skip_ranges=False`` for clients, which never read them (only the worker skips)."""
         task = self.state.tasks[task_id]
         iteration = self.state.iterations[task.iteration_id]
         job = self.state.jobs[iteration.job_id]
         dataset = self.state.datasets[job.dataset_id]
-        skip = iteration.progress.get((task.stream_id, 0)) if job.processing_mode == state_pb2.PARALLEL_EPOCHS \
-            else None
+        skip = _held_ranges(iteration, (task.stream_id, 0)) \
+            if with_skip_ranges and job.processing_mode == state_pb2.PARALLEL_EPOCHS else []
         return dispatcher_pb2.TaskDef(task_id=task_id, iteration_id=iteration.iteration_id, job_id=job.job_id,
                                       dataset_id=job.dataset_id, processing_mode=job.processing_mode,
                                       worker_address=task.worker_address, num_splits=dataset.num_splits,
-                                      stream_id=task.stream_id, skip_ranges=skip.flat() if skip else [],
+                                      stream_id=task.stream_id, skip_ranges=skip,
                                       data_address=self.state.workers[task.worker_address].data_address)
 
     # --- revocation -------------------------------------------------------------------
@@ -264,7 +288,7 @@ class DispatcherCore:
             # Revoked before this dispatcher started (replayed): ask every current client.
             iteration = self.state.iterations[self.state.tasks[task_id].iteration_id]
             waiting = self._awaiting_stop[task_id] = set(iteration.clients)
-        waiting &= set(self.state.clients)
+        waiting.intersection_update(self.state.clients)
         return not waiting
 
     # --- clients ------------------------------------------------------------------
@@ -289,7 +313,7 @@ class DispatcherCore:
                 self._cond.notify_all()  # a split may be free for reassignment now
             tasks = [self.state.tasks[t] for t in iteration.tasks]
             return dispatcher_pb2.ClientHeartbeatResponse(
-                tasks=[self._task_def(t.task_id) for t in tasks if not t.revoked],
+                tasks=[self._task_def(t.task_id, with_skip_ranges=False) for t in tasks if not t.revoked],
                 revoked_tasks=[t.task_id for t in tasks if t.revoked],
                 iteration_finished=iteration.finished, dispatcher_incarnation=self.incarnation,
                 heartbeat_interval_ms=max(10, min(1_000, self.config.client_timeout_ms // 4)),
@@ -318,16 +342,17 @@ class DispatcherCore:
         wait_ms = max(0, min(req.wait_ms, 60_000, self.config.worker_timeout_ms // 2))
         deadline = time.monotonic() + wait_ms / 1000
         with self._cond:
-            self._record_worker(req)
+            state = self.state
+            self._record_worker(req)  # assigns the worker its tasks
             while True:
-                self._assign_tasks(req.worker_address)
                 response = self._worker_news(req.worker_address, req.current_tasks)
                 remaining = deadline - time.monotonic()
                 if response.new_tasks or response.tasks_to_delete or remaining <= 0:
                     return response
                 # Long poll: a task created for this worker wakes us at once.
-                self._cond.wait(remaining)
+                self._wait(state, remaining)
                 self._worker_seen[req.worker_address] = self._clock()
+                self._assign_tasks(req.worker_address)
 
     def _worker_lost(self, address: str) -> bool:
         """Silent for longer than ``worker_timeout_ms``: a new iteration gets no task on it,
@@ -416,19 +441,19 @@ class DispatcherCore:
         waits a little (long poll) and then tells the task to ask again."""
         deadline = time.monotonic() + SPLIT_WAIT_S
         with self._cond:
-            iteration = self.state.iterations.get(req.iteration_id)
+            state = self.state
+            iteration = state.iterations.get(req.iteration_id)
             if iteration is None:
                 raise errors.NotFoundError(f"iteration {req.iteration_id} does not exist")
-            task = self.state.tasks.get(req.task_id)
+            task = state.tasks.get(req.task_id)
             if task is None or task.iteration_id != req.iteration_id:
                 raise errors.NotFoundError(f"task {req.task_id} is not part of iteration {req.iteration_id}")
-            num_splits = self.state.dataset_of_iteration(req.iteration_id).num_splits
+            num_splits = state.dataset_of_iteration(req.iteration_id).num_splits
             if req.request_id and req.request_id == task.last_request_id:
                 # A retry: the answer was lost (say, the dispatcher died after journaling it).
                 # The same split again, or it would stay leased to this task and never be produced.
-                held = iteration.progress.get((task.stream_id, task.last_split))
-                return dispatcher_pb2.GetSplitResponse(split_index=task.last_split,
-                                                       skip_ranges=held.flat() if held else [])
+                held = _held_ranges(iteration, (task.stream_id, task.last_split))
+                return dispatcher_pb2.GetSplitResponse(split_index=task.last_split, skip_ranges=held)
             while True:
                 if iteration.finished or task.revoked:
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
@@ -437,10 +462,9 @@ class DispatcherCore:
                         self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
                             iteration_id=req.iteration_id, task_id=req.task_id, split_index=key[1],
                             reassigned=True, request_id=req.request_id)))
-                        held = iteration.progress.get(key)
                         self._event("reassign_split", split=key[1], task_id=req.task_id, from_task=revoked_task)
                         return dispatcher_pb2.GetSplitResponse(split_index=key[1],
-                                                               skip_ranges=held.flat() if held else [])
+                                                               skip_ranges=_held_ranges(iteration, key))
                 if num_splits == INFINITE or iteration.next_split < num_splits:
                     split = iteration.next_split
                     self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
@@ -453,12 +477,7 @@ class DispatcherCore:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return dispatcher_pb2.GetSplitResponse(wait=True)
-                self._cond.wait(remaining)
-                # Look again: a journal failure may have rolled the state back while we waited.
-                iteration = self.state.iterations.get(req.iteration_id)
-                task = self.state.tasks.get(req.task_id)
-                if iteration is None or task is None:
-                    raise errors.NotFoundError(f"task {req.task_id} of iteration {req.iteration_id} no longer exists")
+                self._wait(state, remaining)
 
     # --- housekeeping ---------------------------------------------------------------
     def collect_garbage(self) -> list[int]:
@@ -476,7 +495,7 @@ class DispatcherCore:
             for client_id in list(self.state.clients):
                 # A client replayed from the journal has until client_timeout_ms after the start.
                 seen = self._client_seen.setdefault(client_id, now)
-                if now - seen > self.config.client_timeout_ms / 1000 and client_id in self.state.clients:
+                if now - seen > self.config.client_timeout_ms / 1000:
                     log.warning("client %d silent for %d ms: releasing it", client_id, self.config.client_timeout_ms)
                     self._event("client_timeout", client_id=client_id)
                     self._release_client(client_id)
@@ -517,3 +536,9 @@ class DispatcherCore:
                     garbage_collected=any(i.state is IterationState.GARBAGE_COLLECTED for i in iterations)))
             return dispatcher_pb2.GetStatusResponse(workers=workers, datasets=datasets, jobs=jobs,
                                                     dispatcher_incarnation=self.incarnation)
+
+
+def _held_ranges(iteration, key: tuple) -> list[int]:
+    """What clients hold of split ``key`` (stream, split) of ``iteration``, as flat offset ranges."""
+    held = iteration.progress.get(key)
+    return held.flat() if held else []

@@ -40,6 +40,7 @@ from typing import Iterable, Optional
 import crc32c
 
 from dataservice import errors
+from dataservice.data.readers.tfrecord import corrupted_record, mask_crc
 from dataservice.proto import state_pb2
 
 __all__ = ["Journal", "JournalError", "JournalCorruptionError", "read_records", "DEFAULT_CHECKPOINT_RECORDS"]
@@ -64,12 +65,8 @@ class JournalCorruptionError(errors.DataLossError):
     """A journal or checkpoint record before the tail is corrupted; the start stops."""
 
 
-def _mask(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def _crc(seq: int, payload) -> int:
-    return _mask(crc32c.crc32c(payload, crc32c.crc32c(_SEQ.pack(seq))))
+    return mask_crc(crc32c.crc32c(payload, crc32c.crc32c(_SEQ.pack(seq))))
 
 
 def _frame(seq: int, payload: bytes) -> bytes:
@@ -131,12 +128,10 @@ def read_records(path: str, tolerate_torn_tail: bool,
                 continue
         following = _valid_frame_after(data, offset)
         if following is not None:
-            raise JournalCorruptionError(
-                f"corrupted record at offset {offset} in {path}: {problem}, with a valid record at offset "
-                f"{following} after it", filename=path, offset=offset)
+            raise corrupted_record(path, offset, f"{problem}, with a valid record at offset {following} after it",
+                                   cls=JournalCorruptionError)
         if not tolerate_torn_tail:
-            raise JournalCorruptionError(f"corrupted record at offset {offset} in {path}: {problem}",
-                                         filename=path, offset=offset)
+            raise corrupted_record(path, offset, problem, cls=JournalCorruptionError)
         log.warning("dropping a torn tail at offset %d in %s (%s, %d bytes): the last write did not complete",
                     offset, path, problem, end - offset)
         break

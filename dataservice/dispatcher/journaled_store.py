@@ -16,8 +16,7 @@ Example::
 
     >>> store = JournaledStore("/var/lib/dataservice")
     >>> store.open()                                   # replay
-    >>> core = DispatcherCore(config, store=store)
-    >>> store.bind_lock(core._cond)                    # rollbacks take the core's lock
+    >>> core = DispatcherCore(config, store=store)     # binds the store to the core's lock
     >>> store.close()                                  # on stop
 """
 
@@ -28,6 +27,7 @@ import threading
 import time
 from typing import Iterable, Optional
 
+from dataservice.dispatcher.core import first_id_now
 from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, Journal, JournalError
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.proto import state_pb2
@@ -40,17 +40,16 @@ log = logging.getLogger("dataservice.dispatcher.journal")
 class JournaledStore:
     """The StateStore of fault-tolerant mode; see the module docstring."""
 
-    def __init__(self, work_dir: str, checkpoint_records: int = DEFAULT_CHECKPOINT_RECORDS,
-                 lock: Optional[threading.Condition] = None):
+    def __init__(self, work_dir: str, checkpoint_records: int = DEFAULT_CHECKPOINT_RECORDS):
         self.work_dir = work_dir
         self.checkpoint_records = checkpoint_records
-        self.state = DispatcherState(first_id=_time_based_id())
+        self.state = DispatcherState(first_id=first_id_now())
         self.journal: Optional[Journal] = None
         #: Updates replayed by ``open`` and how long it took (for the start-up log and tests).
         self.replayed_updates = 0
         self.replay_seconds = 0.0
-        # The core's lock: commits arrive holding it; a rollback from wait_durable takes it.
-        self._lock: threading.Condition = lock or threading.Condition(threading.RLock())
+        # The core's lock (``bind_lock``): commits arrive holding it; a rollback from wait_durable takes it.
+        self._lock: threading.Condition = threading.Condition(threading.RLock())
         # Why the journal is not open after a failed rollback; commits retry reopening it.
         self._broken: Optional[BaseException] = None
         # The state could not even be rolled back (the journal was unreadable): it is
@@ -63,7 +62,7 @@ class JournaledStore:
         self._pending = threading.local()
 
     def bind_lock(self, lock: threading.Condition) -> None:
-        """Uses the core's lock (``core._cond``) for rollbacks; call before serving."""
+        """Uses the core's lock for rollbacks; DispatcherCore.__init__ calls it."""
         self._lock = lock
 
     # --- start and stop -------------------------------------------------------------------
@@ -74,7 +73,7 @@ class JournaledStore:
         journal = Journal(self.work_dir, self.checkpoint_records)
         updates = journal.open()
         try:
-            self.state = _rebuild(updates, first_id=_time_based_id(), source=self.work_dir)
+            self.state = _rebuild(updates, first_id=first_id_now(), source=self.work_dir)
         except BaseException:
             journal.close()
             raise
@@ -171,7 +170,7 @@ class JournaledStore:
         state from it. If it cannot be written, the state is still rebuilt (reads go on)
         and JournalError says why changes cannot be made."""
         # Ids only grow, even across a rollback: nobody may see an id reused.
-        first_id = max(_time_based_id(), self.state.next_id())
+        first_id = max(first_id_now(), self.state.next_id())
         fresh = Journal(self.work_dir, self.checkpoint_records)
         try:
             updates = fresh.open(durable_end=durable_end)
@@ -209,11 +208,6 @@ class JournaledStore:
                 raise self._roll_back(journal, exc) from exc
             # The journal is intact, just longer than planned; the next attempt comes later.
             log.warning("checkpoint failed, keeping the journal: %s", exc)
-
-
-def _time_based_id() -> int:
-    # Like the core's default: ids unique across restarts (see DispatcherCore.__init__).
-    return time.time_ns() // 1000
 
 
 def _reason(exc: BaseException) -> str:

@@ -76,8 +76,6 @@ class DispatchServer:
         store = self._open_store() if self._config.fault_tolerant_mode else None
         try:
             core = DispatcherCore(self._config, store=store)
-            if store is not None:
-                store.bind_lock(core._cond)  # a rollback after a failed journal write takes the core's lock
             server, port = create_server(f"[::]:{self._config.port}")
         except BaseException:
             if store is not None:

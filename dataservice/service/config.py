@@ -16,10 +16,11 @@ from typing import Optional
 
 from dataservice.service.addresses import channel_address
 
-__all__ = ["DispatcherConfig", "WorkerConfig"]
+__all__ = ["DispatcherConfig", "WorkerConfig", "DATA_TRANSFER_PROTOCOLS"]
 
 _PROTOCOLS = ("grpc",)
-_DATA_PROTOCOLS = ("tcp", "grpc")
+#: How a worker may send elements (``WorkerConfig.data_transfer_protocol``).
+DATA_TRANSFER_PROTOCOLS = ("tcp", "grpc")
 
 
 def _check_port(port: int) -> None:
@@ -111,8 +112,8 @@ class WorkerConfig:
         channel_address(self.dispatcher_address, "dispatcher")
         _check_port(self.port)
         _check_port(self.data_transfer_port)
-        if self.data_transfer_protocol not in _DATA_PROTOCOLS:
-            raise ValueError(f"data_transfer_protocol must be one of {_DATA_PROTOCOLS}, "
+        if self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
+            raise ValueError(f"data_transfer_protocol must be one of {DATA_TRANSFER_PROTOCOLS}, "
                              f"got {self.data_transfer_protocol!r}")
         _check_protocol(self.protocol)
         if self.worker_address is None:

@@ -28,10 +28,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["available", "read_into", "address_of", "MAX_IOV"]
+__all__ = ["available", "read_into", "address_of"]
 
 #: The kernel's limit on iovecs per call (IOV_MAX).
-MAX_IOV = 1024
+_MAX_IOV = 1024
 
 
 class _IoVec(ctypes.Structure):
@@ -75,8 +75,8 @@ def read_into(pid: int, dests: Sequence[np.ndarray], addresses: Sequence[int], l
     """
     if _process_vm_readv is None:
         raise OSError(errno.ENOSYS, "process_vm_readv is not available on this platform")
-    for start in range(0, len(dests), MAX_IOV):
-        batch = range(start, min(start + MAX_IOV, len(dests)))
+    for start in range(0, len(dests), _MAX_IOV):
+        batch = range(start, min(start + _MAX_IOV, len(dests)))
         local = (_IoVec * len(batch))()
         remote = (_IoVec * len(batch))()
         total = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from dataservice import errors
 from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc
 from dataservice.service.addresses import channel_address
 from dataservice.service.rpc import call_with_retry, make_channel
@@ -27,15 +28,23 @@ class DispatcherClient:
         self._should_stop = should_stop
         self._channel = make_channel(self.address)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
+        self._closed = False
 
     def close(self) -> None:
+        """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError."""
+        self._closed = True
         self._channel.close()
 
     def _call(self, name: str, request, timeout_s: Optional[float] = None, per_call_s: float = 30.0):
         method = getattr(self._stub, name)
-        return call_with_retry(lambda remaining: method(request, timeout=min(remaining, per_call_s)),
-                               f"{name} to dispatcher {self.address}",
-                               self._timeout_s if timeout_s is None else timeout_s, self._should_stop)
+        what = f"{name} to dispatcher {self.address}"
+        try:
+            return call_with_retry(lambda remaining: method(request, timeout=min(remaining, per_call_s)), what,
+                                   self._timeout_s if timeout_s is None else timeout_s, self._should_stop)
+        except ValueError:
+            if self._closed:  # grpc raises a bare ValueError for a channel closed under the call
+                raise errors.ServiceUnavailableError(f"{what}: the client was closed") from None
+            raise
 
     def register_dataset(self, dataset_def: bytes, num_splits: int) -> int:
         return self._call("RegisterDataset", dispatcher_pb2.RegisterDatasetRequest(

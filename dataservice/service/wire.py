@@ -46,7 +46,7 @@ from typing import Any, Iterator, Sequence, Union
 
 import numpy as np
 
-__all__ = ["encode_elements", "decode_elements", "decode_frame", "buffer_sizes", "prefix_size", "iter_chunks",
+__all__ = ["encode_elements", "decode_elements", "decode_frame", "split_frame", "buffer_sizes", "iter_chunks",
            "EncodedFrame", "WireFormatError", "OUT_OF_BAND_BYTES", "FIXED_PREFIX_BYTES"]
 
 MAGIC = b"DSW2"
@@ -71,27 +71,34 @@ class WireFormatError(ValueError):
 
 @dataclasses.dataclass
 class EncodedFrame:
-    """One frame as buffers to send: ``prefix`` then ``buffers`` (each already padded)."""
+    """One frame as buffers to send: ``prefix`` (``prefix_nbytes`` bytes) then the out-of-band
+    ``arrays``, each padded to its entry in ``buffer_sizes``. The encoder counts the sizes as it
+    goes: nothing here walks the parts again."""
 
     prefix: list
-    buffers: list
+    prefix_nbytes: int
+    #: The out-of-band arrays' data (byte views of their numpy memory), in order.
+    arrays: list
+    #: Each array's size on the wire, padding included: the prefix's size table.
+    buffer_sizes: list
+
+    @property
+    def buffers(self) -> list:
+        """What follows the prefix: each array, then its padding."""
+        out: list = []
+        for data, size in zip(self.arrays, self.buffer_sizes):
+            out.append(data)
+            if size > data.nbytes:
+                out.append(_ZEROS[:size - data.nbytes])
+        return out
 
     @property
     def parts(self) -> list:
         return self.prefix + self.buffers
 
     @property
-    def prefix_nbytes(self) -> int:
-        return sum(_nbytes(p) for p in self.prefix)
-
-    @property
     def nbytes(self) -> int:
-        return self.prefix_nbytes + sum(_nbytes(b) for b in self.buffers)
-
-    def buffer_regions(self) -> list:
-        """``(buffer, data bytes)`` of each out-of-band buffer, without its padding: what a reader
-        copying from the sender's memory reads (the size table counts the padding)."""
-        return [(part, _nbytes(part)) for part in self.buffers if not isinstance(part, bytes)]
+        return self.prefix_nbytes + sum(self.buffer_sizes)
 
 
 def _nbytes(part: Buffer) -> int:
@@ -104,12 +111,13 @@ def _dtype_code(dtype: np.dtype) -> bytes:
 
 
 class _Encoder:
-    __slots__ = ("body", "size", "buffers")
+    __slots__ = ("body", "size", "arrays", "sizes")
 
     def __init__(self) -> None:
         self.body: list = []
         self.size = 0  # bytes of body so far, for the 8-byte alignment of in-band array data
-        self.buffers: list = []
+        self.arrays: list = []
+        self.sizes: list = []
 
     def add(self, part: bytes) -> None:
         self.body.append(part)
@@ -123,10 +131,8 @@ class _Encoder:
             data = memoryview(value).cast("B") if value.size else b""
             if value.nbytes >= OUT_OF_BAND_BYTES:
                 self.add(b"A" + shape)
-                self.buffers.append(data)
-                pad = -value.nbytes % 8
-                if pad:
-                    self.buffers.append(_ZEROS[:pad])
+                self.arrays.append(data)
+                self.sizes.append(value.nbytes + -value.nbytes % 8)
                 return
             head = b"a" + shape
             self.add(head + _ZEROS[:-(self.size + len(head)) % 8])
@@ -169,15 +175,8 @@ def _is_column(elements: Sequence) -> bool:
     return True
 
 
-def _table(count: int, layout: int, buffers: list) -> bytes:
-    """The prefix's header: fixed part and the out-of-band size table (a buffer's padding,
-    sent as a part of its own, counts toward its size)."""
-    sizes: list = []
-    for part in buffers:
-        if isinstance(part, bytes) and sizes:  # padding of the buffer before
-            sizes[-1] += len(part)
-        else:
-            sizes.append(_nbytes(part))
+def _table(count: int, layout: int, sizes: list) -> bytes:
+    """The prefix's header: fixed part and the out-of-band size table."""
     fixed = _HEADER.pack(MAGIC, count, layout, len(sizes))
     return fixed + _ZEROS[:FIXED_PREFIX_BYTES - len(fixed)] + b"".join(_U64.pack(n) for n in sizes)
 
@@ -188,13 +187,16 @@ def encode_elements(elements: Sequence) -> EncodedFrame:
     if count and _is_column(elements):
         column = np.array(elements)
         head = _table(count, _COLUMN, []) + _dtype_code(column.dtype)
-        return EncodedFrame([head, memoryview(column).cast("B"), _ZEROS[:-(len(head) + column.nbytes) % 8]], [])
+        pad = -(len(head) + column.nbytes) % 8
+        return EncodedFrame([head, memoryview(column).cast("B"), _ZEROS[:pad]], len(head) + column.nbytes + pad,
+                            [], [])
     encoder = _Encoder()
     for element in elements:
         encoder.encode(element)
     if encoder.size % 8:  # so that the buffers after the prefix are 8-byte aligned in a whole frame
         encoder.add(_ZEROS[:-encoder.size % 8])
-    return EncodedFrame([_table(count, _GENERAL, encoder.buffers)] + encoder.body, encoder.buffers)
+    table = _table(count, _GENERAL, encoder.sizes)
+    return EncodedFrame([table] + encoder.body, len(table) + encoder.size, encoder.arrays, encoder.sizes)
 
 
 def iter_chunks(parts: Sequence[Buffer], chunk_bytes: int) -> Iterator[bytes]:
@@ -229,18 +231,13 @@ def _fixed(prefix: Buffer) -> tuple[int, int, int]:
 
 def buffer_sizes(prefix: Buffer) -> list[int]:
     """The sizes of the out-of-band buffers that follow a frame's prefix (which must be whole
-    up to its size table: see ``prefix_size``)."""
+    up to its size table)."""
     _, _, nbuf = _fixed(prefix)
     end = FIXED_PREFIX_BYTES + 8 * nbuf
     if _nbytes(prefix) < end:
         raise WireFormatError(f"truncated frame: the size table of {nbuf} buffers needs {end} bytes, "
                               f"have {_nbytes(prefix)}")
     return list(struct.unpack_from(f"<{nbuf}Q", prefix, FIXED_PREFIX_BYTES))
-
-
-def prefix_size(frame: Buffer) -> int:
-    """Where the out-of-band buffers of a whole frame start."""
-    return _nbytes(frame) - sum(buffer_sizes(frame))
 
 
 class _Reader:
@@ -356,15 +353,22 @@ def decode_frame(prefix: Buffer, buffers: Sequence[Buffer]) -> list:
     return elements
 
 
-def decode_elements(frame: Buffer) -> list:
-    """Decodes one whole frame, prefix and buffers in one piece (as gRPC delivers it)."""
+def split_frame(frame: Buffer) -> tuple[memoryview, list]:
+    """A whole frame (as gRPC delivers it) as ``decode_frame``'s arguments: its prefix and its
+    out-of-band buffers, views into ``frame``."""
     view = memoryview(frame).cast("B")
     sizes = buffer_sizes(view)
     start = len(view) - sum(sizes)
     if start < FIXED_PREFIX_BYTES + 8 * len(sizes):
         raise WireFormatError(f"truncated frame: {len(view)} bytes cannot hold buffers of {sum(sizes)} bytes")
+    prefix = view[:start]
     buffers = []
     for n in sizes:
         buffers.append(view[start:start + n])
         start += n
-    return decode_frame(view[:len(view) - sum(sizes)], buffers)
+    return prefix, buffers
+
+
+def decode_elements(frame: Buffer) -> list:
+    """Decodes one whole frame, prefix and buffers in one piece (as gRPC delivers it)."""
+    return decode_frame(*split_frame(frame))

@@ -4,13 +4,8 @@ gRPC stays the control plane; this is the data plane's fast path (tf.data
 service has a pluggable data-transfer protocol for the same reason). A reader
 opens one connection per task and sends requests; each answer is sent with
 one ``sendmsg`` of the header and the frame's buffers, so an array's bytes go
-from its numpy buffer to the kernel without a copy in Python.
-
-Messages (little endian)::
-
-    request:  u32 length | GetElementsRequest
-    response: u32 header length | u64 prefix length | u64 frame length
-              | ElementChunk header (no data) | frame (its prefix, then its out-of-band buffers)
+from its numpy buffer to the kernel without a copy in Python. The messages are
+framed as ``dataservice.service.data_transfer`` says.
 
 A reader learns from the prefix how large each out-of-band buffer (a large
 array) is and reads each into a buffer of its own (``dataservice.service.wire``).
@@ -36,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 from typing import Optional
 
@@ -44,30 +38,20 @@ import numpy as np
 
 from dataservice.proto import worker_pb2
 from dataservice.service.cross_memory import address_of
+from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
 from dataservice.worker.responses import Prepared, TaskSource, UnknownTaskError, prepare
 
-__all__ = ["DataServer", "REQUEST_HEADER", "RESPONSE_HEADER", "MAX_REQUEST_BYTES"]
+__all__ = ["DataServer"]
 
 log = logging.getLogger("dataservice.worker")
 
-REQUEST_HEADER = struct.Struct("<I")
-RESPONSE_HEADER = struct.Struct("<IQQ")
-#: A request is a few small integers: anything longer is not one of ours.
-MAX_REQUEST_BYTES = 4096
 #: Largest number of buffers handed to one sendmsg call (the kernel's IOV_MAX is 1024).
 _MAX_IOV = 512
 
 
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            return None
-        got += k
-    return buf
+    return buf if recv_into_exact(sock, memoryview(buf)) else None
 
 
 def _send_all(sock: socket.socket, parts: list) -> None:
@@ -167,12 +151,10 @@ class DataServer:
         if frame is None:
             _send_all(conn, [self._framed(prepared.header, 0, 0)])
             return None
-        by_address = request.read_memory and bool(frame.buffers)
+        by_address = request.read_memory and bool(frame.arrays)
         if by_address:
-            regions = frame.buffer_regions()
-            prepared.header.worker_pid = os.getpid()
-            prepared.header.buffer_addresses.extend(address_of(b) for b, _ in regions)
-            prepared.header.buffer_lengths.extend(n for _, n in regions)
+            prepared.header.buffer_addresses.extend(address_of(data) for data in frame.arrays)
+            prepared.header.buffer_lengths.extend(data.nbytes for data in frame.arrays)
         # The prefix's parts are small (in-band values): one copy into the header's buffer saves
         # the kernel an iovec for each; the out-of-band buffers go from their numpy memory.
         head = self._framed(prepared.header, frame.prefix_nbytes,

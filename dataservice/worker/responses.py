@@ -23,7 +23,7 @@ from dataservice.service.rpc import CHUNK_BYTES
 from dataservice.service.wire import EncodedFrame, encode_elements
 from dataservice.worker.task_runner import TaskRunner
 
-__all__ = ["prepare", "Prepared", "TaskSource", "UnknownTaskError", "TASK_ARRIVAL_WAIT_S", "MAX_WAIT_S"]
+__all__ = ["prepare", "Prepared", "TaskSource", "UnknownTaskError"]
 
 log = logging.getLogger("dataservice.worker")
 

@@ -165,10 +165,6 @@ class WorkerServer:
         while not self._stopped.is_set():
             try:
                 response = self._dispatcher.worker_heartbeat(self._heartbeat_request(wait_ms))
-            except ValueError:
-                if self._stopped.is_set():
-                    return  # stop() closed the channel under this call (grpc raises ValueError)
-                raise
             except errors.DataServiceError as exc:
                 if self._stopped.is_set():
                     return

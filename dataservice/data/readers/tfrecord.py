@@ -34,7 +34,7 @@ from dataservice.data.readers.compression import (check_buffer_size, check_compr
 from dataservice.data.readers.file_source import BlockFileSource
 from dataservice.errors import DataLossError
 
-__all__ = ["TFRecordDataset", "TFRecordWriter", "masked_crc32c"]
+__all__ = ["TFRecordDataset", "TFRecordWriter", "corrupted_record", "mask_crc", "masked_crc32c"]
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -50,20 +50,29 @@ _unpack_u32_from = struct.Struct("<I").unpack_from
 _unpack_header_from = struct.Struct("<QI").unpack_from
 
 
-def masked_crc32c(data: bytes) -> int:
-    """The CRC32C of ``data``, masked as TFRecord stores it."""
-    crc = crc32c(data)
+def mask_crc(crc: int) -> int:
+    """A CRC32C masked as TFRecord stores it (the dispatcher's journal masks its CRCs so too).
+
+    The per-record loops below (``parse_records``, ``TFRecordWriter.write``) inline this
+    expression to save a call per record.
+    """
     return ((crc >> 15 | crc << 17) + _MASK_DELTA) & _U32
 
 
-def _corrupted(path: str, offset: int, why: str) -> DataLossError:
-    return DataLossError(f"corrupted record at offset {offset} in {path}: {why}", filename=path, offset=offset)
+def masked_crc32c(data: bytes) -> int:
+    """The CRC32C of ``data``, masked as TFRecord stores it."""
+    return mask_crc(crc32c(data))
+
+
+def corrupted_record(path: str, offset: int, why: str, cls: type[DataLossError] = DataLossError) -> DataLossError:
+    """``cls`` (a DataLossError) saying the record at ``offset`` in ``path`` is corrupted, and why."""
+    return cls(f"corrupted record at offset {offset} in {path}: {why}", filename=path, offset=offset)
 
 
 def _verify_header(buf: bytes, pos: int, offset: int, path: str, verified: dict) -> int:
     length, stored = _unpack_header_from(buf, pos)
     if masked_crc32c(buf[pos:pos + 8]) != stored:
-        raise _corrupted(path, offset, "length CRC mismatch")
+        raise corrupted_record(path, offset, "length CRC mismatch")
     if len(verified) >= _MAX_VERIFIED_HEADERS:
         verified.clear()
     verified[buf[pos:pos + _HEADER]] = length
@@ -108,7 +117,7 @@ def parse_records(chunks: Iterable[bytes], path: str) -> Iterator[list[bytes]]:
                 data = buf[data_start:data_end]
                 crc = crc32c(data)
                 if ((crc >> 15 | crc << 17) + _MASK_DELTA) & _U32 != _unpack_u32_from(buf, data_end)[0]:
-                    raise _corrupted(path, offset + pos, "data CRC mismatch")
+                    raise corrupted_record(path, offset + pos, "data CRC mismatch")
                 append(data)
                 pos = data_end + _FOOTER
         except DataLossError:
@@ -123,7 +132,7 @@ def parse_records(chunks: Iterable[bytes], path: str) -> Iterator[list[bytes]]:
             yield records
     if have:
         what = "header" if want == _HEADER else f"record of {want} bytes"
-        raise _corrupted(path, offset, f"truncated record: the file ends {have} bytes into a {what}")
+        raise corrupted_record(path, offset, f"truncated record: the file ends {have} bytes into a {what}")
 
 
 class TFRecordDataset(BlockFileSource):
