@@ -12,7 +12,11 @@ The tree::
         ├── NotFoundError                 unknown dataset id, job or task
         ├── AlreadyExistsError            a job name reused with different parameters
         ├── InvalidRequestError           a server refused a request as malformed
-        └── RemoteUserError               a user function raised on a worker
+        ├── WrongEndpointError            the address answers, but not as a dataservice dispatcher
+        ├── RemoteUserError               a user function raised on a worker
+        └── WorkerEnvironmentError        a worker cannot load the pipeline
+            ├── MissingModuleError        ... it lacks a module the pipeline imports
+            └── VersionSkewError          ... its Python, cloudpickle, numpy or dataservice differs
 
 Wrong arguments to a public function raise plain ``ValueError``/``TypeError``
 naming the argument; they are not part of this tree.
@@ -34,6 +38,7 @@ __all__ = [
     "DataLossError",
     "DataServiceError",
     "InvalidRequestError",
+    "MissingModuleError",
     "NotFoundError",
     "NotSplittableError",
     "PipelineError",
@@ -41,6 +46,9 @@ __all__ = [
     "RemoteUserError",
     "ServiceError",
     "ServiceUnavailableError",
+    "VersionSkewError",
+    "WorkerEnvironmentError",
+    "WrongEndpointError",
 ]
 
 
@@ -89,16 +97,56 @@ class InvalidRequestError(ServiceError):
     """A server refused a request as malformed."""
 
 
+class WrongEndpointError(ServiceError):
+    """The address answers, but it is not a dataservice dispatcher: a worker's port, or
+    something that is not dataservice at all. The message says which."""
+
+
 class RemoteUserError(ServiceError):
     """A user function raised on a worker.
 
-    ``remote_type`` is the original exception's qualified type name and
-    ``worker_address`` the worker it ran on. When the original type can be
-    imported on the client, the client raises that type instead, chained from
-    this error.
+    ``remote_type`` is the original exception's qualified type name,
+    ``worker_address`` the worker it ran on and ``remote_traceback`` the
+    worker-side traceback, as text. When the original type can be imported on
+    the client, the client raises that type, with the original arguments,
+    chained from this error (whose message shows the worker's traceback).
     """
 
-    def __init__(self, message: str, remote_type: str = "", worker_address: str = ""):
+    def __init__(self, message: str, remote_type: str = "", worker_address: str = "", remote_traceback: str = ""):
         super().__init__(message)
         self.remote_type = remote_type
         self.worker_address = worker_address
+        self.remote_traceback = remote_traceback
+
+
+class WorkerEnvironmentError(ServiceError):
+    """A worker cannot load the pipeline; ``worker_address`` says which worker."""
+
+    def __init__(self, message: str, worker_address: str = ""):
+        super().__init__(message)
+        self.worker_address = worker_address
+
+
+class MissingModuleError(WorkerEnvironmentError):
+    """The pipeline imports ``module``, which the worker cannot import. ``distribution``
+    is the installed package that provides it on the client ("" if none: then the module
+    is the user's own code and was not shipped)."""
+
+    def __init__(self, message: str, worker_address: str = "", module: str = "", distribution: str = ""):
+        super().__init__(message, worker_address)
+        self.module = module
+        self.distribution = distribution
+
+
+class VersionSkewError(WorkerEnvironmentError):
+    """The client and the worker run versions that cannot exchange pipelines.
+
+    ``client_versions`` and ``worker_versions`` map "python", "cloudpickle",
+    "numpy" and "dataservice" to version strings.
+    """
+
+    def __init__(self, message: str, worker_address: str = "", client_versions: dict | None = None,
+                 worker_versions: dict | None = None):
+        super().__init__(message, worker_address)
+        self.client_versions = dict(client_versions or {})
+        self.worker_versions = dict(worker_versions or {})
