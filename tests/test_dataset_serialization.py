@@ -170,8 +170,14 @@ def test_serialize_rejects_non_datasets():
     with pytest.raises(TypeError, match="Dataset"):
         serialize_dataset([1, 2, 3])
     import cloudpickle
-    with pytest.raises(TypeError, match="not a Dataset"):
-        deserialize_dataset(cloudpickle.dumps([1, 2, 3]))
+    from dataservice.data.environment import versions
+    from dataservice.errors import WorkerEnvironmentError
+    from dataservice.proto import pipeline_pb2
+    with pytest.raises(WorkerEnvironmentError, match="not a Dataset"):
+        deserialize_dataset(pipeline_pb2.PipelineDef(pipeline=cloudpickle.dumps([1, 2, 3]),
+                                                     versions=versions()).SerializeToString())
+    with pytest.raises(WorkerEnvironmentError, match="not a serialized dataservice pipeline"):
+        deserialize_dataset(b"\xff" * 16)
 
 
 def test_memory_cache_contents_are_not_serialized():

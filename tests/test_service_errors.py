@@ -4,6 +4,7 @@ the ports."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -135,32 +136,56 @@ def test_user_function_error_reaches_the_client_with_type_message_and_worker():
         dataset = Dataset.range(10).map(explode).apply(distribute("parallel_epochs", one.target))
         with pytest.raises(ZeroDivisionError) as info:
             list(dataset)
-        assert "division" in str(info.value) and worker_address in str(info.value)
+        # The original exception, not mangled: its own arguments and message.
+        assert info.value.args == ("integer division or modulo by zero",)
         remote = info.value.__cause__
         assert isinstance(remote, errors.RemoteUserError)
         assert remote.remote_type == "builtins.ZeroDivisionError"
         assert remote.worker_address == worker_address
+        # The worker's traceback: the user's file, line and function, and where it ran.
+        assert f'test_service_errors.py", line {explode.__code__.co_firstlineno + 1}, in explode' \
+            in remote.remote_traceback
+        assert "return 1 // (int(x) - 3)" in remote.remote_traceback
+        assert re.search(rf"raised in Dataset\.map\(\S*explode\) on worker {worker_address}", str(remote))
+        assert remote.remote_traceback in str(remote)
 
         # The worker carries on: another job on it reads fine.
         assert ints(Dataset.range(10).apply(distribute("parallel_epochs", one.target))) == list(range(10))
 
 
-def test_user_error_of_a_type_the_client_cannot_import_is_remote_user_error():
+def test_user_error_of_a_type_the_client_has_is_raised_as_that_type():
     with TestCluster(num_workers=1) as one:
         def fail(x):
             if x == 2:
-                raise CustomPipelineError("bad record 2")
+                raise CustomPipelineError("bad record", 2)
+            return x
+
+        dataset = Dataset.range(5).map(fail).apply(distribute("distributed_epoch", one.target))
+        with pytest.raises(CustomPipelineError) as info:
+            list(dataset)
+        assert info.value.args == ("bad record", 2)
+        assert isinstance(info.value.__cause__, errors.RemoteUserError)
+
+
+def test_user_error_of_a_type_the_client_cannot_import_is_remote_user_error():
+    class LocalPipelineError(Exception):
+        """Defined in a function: the client cannot look it up by name."""
+
+    with TestCluster(num_workers=1) as one:
+        def fail(x):
+            if x == 2:
+                raise LocalPipelineError("bad record 2")
             return x
 
         dataset = Dataset.range(5).map(fail).apply(distribute("distributed_epoch", one.target))
         with pytest.raises(errors.RemoteUserError, match="bad record 2") as info:
             list(dataset)
-        assert info.value.remote_type.endswith("CustomPipelineError")
+        assert info.value.remote_type.endswith("LocalPipelineError")
         assert info.value.worker_address == one.workers[0].address
 
 
 def _fail_on_load():
-    raise ModuleNotFoundError("No module named 'only_on_the_client'")
+    raise ModuleNotFoundError("No module named 'only_on_the_client'", name="only_on_the_client")
 
 
 class _OnlyOnTheClient:
@@ -175,11 +200,11 @@ def test_pipeline_a_worker_cannot_load_fails_at_once_naming_the_worker(caplog):
         needed = _OnlyOnTheClient()
         dataset = Dataset.range(3).map(lambda x: (needed, x)[1]).apply(distribute("parallel_epochs", one.target))
         start = time.monotonic()
-        with pytest.raises(ModuleNotFoundError, match="only_on_the_client") as info:
+        with pytest.raises(errors.MissingModuleError, match="only_on_the_client") as info:
             list(dataset)
         assert time.monotonic() - start < 3
-        assert one.workers[0].address in str(info.value)
-        assert isinstance(info.value.__cause__, errors.RemoteUserError)
+        assert one.workers[0].address in str(info.value) and "install it on the workers" in str(info.value)
+        assert info.value.module == "only_on_the_client" and info.value.worker_address == one.workers[0].address
         # The worker is fine, and did not keep retrying the load: it serves the next job.
         assert ints(Dataset.range(4).apply(distribute("parallel_epochs", one.target))) == [0, 1, 2, 3]
     load_failures = [r for r in caplog.records if "cannot load the pipeline" in r.getMessage()]

@@ -174,7 +174,8 @@ class _DataServiceDataset(Dataset):
             job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name)
             # A named job is shared: the k-th iteration of every reader is the same iteration.
             repetition = next(self._repetitions) if self._job_name else 0
-            reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol)
+            reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol,
+                                     timeout_ms=self._timeout_ms, job_name=self._job_name)
             yield from reader
         finally:
             if reader is not None:

@@ -1,7 +1,11 @@
 """The client's reader: streams elements from every task of an iteration.
 
 One fetcher thread per task pulls frames of elements straight from the
-worker. ``max_outstanding_requests`` is a pool of element credits: a fetcher
+worker. No read waits without bound: a worker that cannot be reached (a wrong
+``--worker-address``) is named in a warning after a few seconds, and when no
+worker has answered for ``timeout_ms`` the read raises
+``ServiceUnavailableError`` naming the workers tried and what went wrong with
+each. ``max_outstanding_requests`` is a pool of element credits: a fetcher
 asks for as many elements as it holds credits, and a credit returns to the
 pool only when the consumer takes the element, so no more than that many
 elements are ever requested or buffered at once. A byte budget additionally
@@ -9,18 +13,18 @@ bounds what is buffered when elements are large.
 
 Example::
 
-    >>> reader = IterationReader(dispatcher, job_id=3, repetition=0, max_outstanding_requests=256)
+    >>> reader = IterationReader(dispatcher, job_id=3, repetition=0, max_outstanding_requests=256, timeout_ms=60000)
     >>> next(reader)
 """
 
 from __future__ import annotations
 
-import builtins
 import collections
 import logging
 import queue
 import random
 import threading
+import time
 from typing import Any, Optional
 
 
@@ -30,6 +34,7 @@ from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
+from dataservice.service.remote_errors import remote_failure
 from dataservice.service.wire import WireFormatError
 
 __all__ = ["IterationReader", "DEFAULT_MAX_OUTSTANDING_REQUESTS", "MAX_BUFFERED_BYTES"]
@@ -51,6 +56,8 @@ SCARCE_CREDITS_WAIT_MS = 20
 CLIENT_HEARTBEAT_INTERVAL_S = 1.0
 #: Heartbeats a client sends at most, when split ends make it report early.
 MAX_HEARTBEATS_PER_S = 50
+#: How long a worker may stay unreachable before the reader warns (once per task).
+UNREACHABLE_WARNING_S = 2.0
 
 _END = object()
 
@@ -94,29 +101,16 @@ class _Credits:
             self._cond.notify_all()
 
 
-def _remote_error(chunk: worker_pb2.ElementChunk) -> BaseException:
-    where = chunk.worker_address or "a worker"
-    remote = errors.RemoteUserError(f"{chunk.error_type}: {chunk.error_message} (on worker {where})",
-                                    remote_type=chunk.error_type, worker_address=where)
-    module, _, name = chunk.error_type.rpartition(".")
-    kind = getattr(builtins, name, None) if module == "builtins" else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
-        try:
-            local = kind(f"{chunk.error_message} (on worker {where})")
-        except Exception:
-            return remote
-        local.__cause__ = remote
-        return local
-    return remote
-
-
 class IterationReader:
     """An iterator over one iteration of a job, as one client of it."""
 
     def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int,
-                 data_transfer_protocol: Optional[str] = None):
+                 data_transfer_protocol: Optional[str] = None, timeout_ms: int = 60_000, job_name: str = ""):
         self._dispatcher = dispatcher
         self._protocol = data_transfer_protocol
+        self._timeout_s = timeout_ms / 1000
+        self._job_name = job_name
+        self._repetition = repetition
         response = dispatcher.get_or_create_iteration(job_id, repetition)
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
@@ -129,7 +123,14 @@ class IterationReader:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._fetchers: dict[int, threading.Thread] = {}
+        self._transports: dict[int, object] = {}
         self._finished_tasks: set[int] = set()
+        # When a worker last answered (monotonic), and per task what failed since: for the warning
+        # about an unreachable worker and the error when no worker answers for timeout_ms.
+        self._last_answer = 0.0
+        self._failing: dict[int, tuple[float, str]] = {}
+        self._warned: set[int] = set()
+        self._task_addresses: dict[int, str] = {}
         # Delivery bookkeeping, keyed by (stream, split): offsets received, split sizes, what
         # changed since the last heartbeat, and revoked tasks we no longer read from.
         self._received: dict[tuple[int, int], OffsetSet] = {}
@@ -155,7 +156,7 @@ class IterationReader:
                 self._current, self._current_bytes, self._pos = [], 0, 0
             if self._closed:
                 raise StopIteration
-            item = self._out.get()
+            item = self._next_item()
             if item is _END:
                 self.close()
                 raise StopIteration
@@ -170,6 +171,38 @@ class IterationReader:
         self._credits.release(1)
         return element
 
+    def _next_item(self) -> Any:
+        """The fetchers' next output; ServiceUnavailableError once no worker has answered for timeout_ms
+        while we wait (a slow pipeline still answers: empty, after its wait for a first element)."""
+        started = time.monotonic()
+        while True:
+            since = max(started, self._last_answer)
+            remaining = since + self._timeout_s - time.monotonic()
+            if remaining > 0:
+                try:
+                    return self._out.get(timeout=remaining)
+                except queue.Empty:
+                    continue
+            try:
+                return self._out.get_nowait()
+            except queue.Empty:
+                self.close()
+                raise errors.ServiceUnavailableError(self._no_answer_message()) from None
+
+    def _no_answer_message(self) -> str:
+        timeout_ms = int(self._timeout_s * 1000)
+        with self._lock:
+            waiting = [t for t in self._fetchers if t not in self._finished_tasks and t not in self._revoked]
+            tried = [f"worker {self._task_addresses[t]}: "
+                     f"{self._failing[t][1] if t in self._failing else 'no answer yet'}" for t in waiting]
+        if not tried:
+            return (f"no worker served this job for {timeout_ms} ms: no worker has a task of it. Is any worker "
+                    f"registered with dispatcher {self._dispatcher.address}? (dataservice status --dispatcher "
+                    f"{self._dispatcher.address})")
+        return (f"no worker answered for {timeout_ms} ms (timeout_ms); tried {'; '.join(tried)}. Check that this "
+                f"client can reach the address each worker advertises (dataservice worker --worker-address) and "
+                f"that the workers are not stopped or stuck")
+
     def close(self) -> None:
         """Stops fetching and releases this client at the dispatcher."""
         if self._closed:
@@ -177,6 +210,10 @@ class IterationReader:
         self._closed = True
         self._stop.set()
         self._wake.set()
+        with self._lock:
+            transports = list(self._transports.values())
+        for transport in transports:
+            transport.interrupt()  # a fetcher blocked on a stuck worker must not outlive us
         try:
             self._dispatcher.release_iteration_client(self.client_id)
         except errors.DataServiceError as exc:
@@ -217,6 +254,14 @@ class IterationReader:
                 if response.iteration_finished and not self._fetchers:
                     # We joined an iteration other readers of the job already read to its end: its
                     # workers may have dropped its tasks. End of input at once, as tf.data does.
+                    if self._job_name:
+                        log.warning(
+                            "job %r: its iteration %d had already been read to its end by other readers when this "
+                            "reader joined, so it gives end of input (0 elements), as tf.data service does for a "
+                            "shared job: all readers with one job_name share one job. To read the dataset again, "
+                            "use a new job_name (or none), or wait until the dispatcher garbage-collects the "
+                            "finished job (job_gc_timeout_ms after its last reader left)",
+                            self._job_name, self._repetition)
                     self._out.put(_END)
                     return
                 new = [t for t in response.tasks if t.task_id not in self._fetchers and t.task_id not in self._revoked]
@@ -271,9 +316,35 @@ class IterationReader:
             self._wake.set()  # tell the dispatcher soon: it is waiting for split ends to finish the job
         return keep
 
+    def _answered(self, task_id: int) -> None:
+        self._last_answer = time.monotonic()
+        if task_id in self._failing:
+            with self._lock:
+                self._failing.pop(task_id, None)
+
+    def _failed(self, task: dispatcher_pb2.TaskDef, where: str, exc: TransientError) -> None:
+        """Remembers why a worker did not answer; warns once when it stays unreachable."""
+        now = time.monotonic()
+        with self._lock:
+            since = self._failing.get(task.task_id, (now, ""))[0]
+            self._failing[task.task_id] = (since, f"{where}: {exc}")
+            warn = now - since >= UNREACHABLE_WARNING_S and task.task_id not in self._warned
+            if warn:
+                self._warned.add(task.task_id)
+        if warn and not self._stop.is_set():
+            log.warning("cannot reach worker %s at %s for %.1f s (%s). Check that this client can reach the address "
+                        "the worker advertises (dataservice worker --worker-address); reading fails if no worker "
+                        "answers for timeout_ms=%d", task.worker_address, where, now - since, exc,
+                        int(self._timeout_s * 1000))
+
     def _fetch(self, task: dispatcher_pb2.TaskDef) -> None:
         task_id = task.task_id
         transport = connect(task, self._pool, self._protocol)
+        with self._lock:
+            self._transports[task_id] = transport
+            self._task_addresses[task_id] = task.worker_address
+        if self._stop.is_set():
+            transport.interrupt()  # close() ran before we registered the transport
         backoff = 0.05
         try:
             while not self._stop.is_set() and task_id not in self._revoked:
@@ -286,10 +357,14 @@ class IterationReader:
                                                         max_bytes=MAX_RESPONSE_BYTES, wait_ms=wait_ms)
                 try:
                     head, frame = transport.get(request)
-                except TransientError:
+                except TransientError as exc:
                     # A worker that died, stalled or restarted: the dispatcher decides (within
                     # worker_timeout_ms) whether its task is revoked; until then, keep trying.
                     self._credits.release(n)
+                    if exc.answered:
+                        self._answered(task_id)
+                    else:
+                        self._failed(task, transport.address, exc)
                     self._stop.wait(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, 1.0)
                     continue
@@ -298,14 +373,16 @@ class IterationReader:
                     self._out.put(exc)
                     return
                 backoff = 0.05
+                self._answered(task_id)
                 alive = self._deliver(task, n, head, frame)
                 head = frame = None  # nothing of this response outlives _deliver: see there
                 if not alive:
                     return
         finally:
-            transport.close()
             with self._lock:
+                self._transports.pop(task_id, None)
                 self._finished_tasks.add(task_id)
+            transport.close()
             self._wake.set()
 
     def _deliver(self, task: dispatcher_pb2.TaskDef, n: int, head: worker_pb2.ElementChunk, frame) -> bool:
@@ -314,7 +391,7 @@ class IterationReader:
         drops must free (or give back to the pool) its buffer at once, not when the next response arrives."""
         if head.error_type:
             self._credits.release(n)
-            self._out.put(_remote_error(head))
+            self._out.put(remote_failure(head))
             return False
         try:
             elements = frame.decode() if head.num_elements else []

@@ -36,19 +36,31 @@ from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCO
 from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
 from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, split_frame
 
-__all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "GET_ELEMENTS_TIMEOUT_S",
-           "DATA_TRANSFER_PROTOCOLS"]
+__all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "ANSWER_TIMEOUT_S",
+           "CONNECT_TIMEOUT_S", "DATA_TRANSFER_PROTOCOLS"]
 
 log = logging.getLogger("dataservice.client")
 
-#: The longest one request may take (the worker answers within its wait).
-GET_ELEMENTS_TIMEOUT_S = 60.0
+#: The longest a worker may keep a reader waiting for the next bytes of an answer. A worker answers
+#: within its wait for a first element (at most 5 s) plus its wait for a task it has not heard of
+#: yet (at most 5 s); past this it is stuck (stopped, or wedged), and the reader tries again —
+#: its own ``timeout_ms`` decides when to give up on every worker.
+ANSWER_TIMEOUT_S = 15.0
+#: The longest a connection to a worker may take to open.
+CONNECT_TIMEOUT_S = 5.0
+#: The longest a whole gRPC answer may take: it can be a frame of up to 8 MiB cut in messages.
+GRPC_ANSWER_TIMEOUT_S = 60.0
 #: A response header is a few numbers per element run: anything longer is not one of ours.
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 
 
 class TransientError(Exception):
-    """The worker could not answer now; try again."""
+    """The worker could not answer now; try again. ``answered`` is True when the worker did answer
+    (it does not hold the task yet, or any more): it is reachable."""
+
+    def __init__(self, message: str, answered: bool = False):
+        super().__init__(message)
+        self.answered = answered
 
 
 @dataclasses.dataclass
@@ -68,6 +80,8 @@ class ReceivedFrame:
 
 class GrpcTransport:
     def __init__(self, worker_address: str):
+        #: Where this transport reads from, for messages.
+        self.address = worker_address
         self._what = f"worker {worker_address}"
         self._channel = make_channel(channel_address(worker_address, "worker"))
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
@@ -76,15 +90,18 @@ class GrpcTransport:
         try:
             data = bytearray()
             head = None
-            for chunk in self._stub.GetElements(request, timeout=GET_ELEMENTS_TIMEOUT_S):
+            for chunk in self._stub.GetElements(request, timeout=GRPC_ANSWER_TIMEOUT_S):
                 if head is None:
                     head = chunk
                 data += chunk.data
         except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                              grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED):
-                raise TransientError(str(exc.details())) from exc
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND,
+                        grpc.StatusCode.CANCELLED):
+                raise TransientError(str(exc.details()), answered=code == grpc.StatusCode.NOT_FOUND) from exc
             raise translate(exc, f"GetElements for task {request.task_id} from {self._what}") from exc
+        except ValueError as exc:  # grpc's word for a channel that interrupt() closed under us
+            raise TransientError(f"{self._what}: {exc}") from None
         if head is None:
             head = worker_pb2.ElementChunk()
         head.data = b""
@@ -94,6 +111,10 @@ class GrpcTransport:
             return head, ReceivedFrame(*split_frame(data))
         except WireFormatError as exc:
             raise errors.ServiceError(f"{self._what} sent a malformed frame: {exc}") from exc
+
+    def interrupt(self) -> None:
+        """From another thread: ends a call in flight (the reader is closing)."""
+        self._channel.close()
 
     def close(self) -> None:
         self._channel.close()
@@ -153,6 +174,8 @@ class TcpTransport:
 
     def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True):
         self._address = parse_address(data_address, "data transfer")
+        #: Where this transport reads from, for messages.
+        self.address = data_address
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None
@@ -165,7 +188,8 @@ class TcpTransport:
     def _connect(self) -> tuple[socket.socket, _Receiver]:
         if self._sock is None:
             host, port = self._address
-            sock = socket.create_connection((host.strip("[]"), port), timeout=GET_ELEMENTS_TIMEOUT_S)
+            sock = socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT_S)
+            sock.settimeout(ANSWER_TIMEOUT_S)  # per receive: a stuck worker cannot hold the reader
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
             self._receiver = _Receiver(sock)
@@ -246,7 +270,7 @@ class TcpTransport:
             raise errors.ServiceError(f"{self._where} sent a malformed response (is it a dataservice worker's "
                                       f"data-transfer port?): {exc}") from exc
         if header.error_type == "NotFound":
-            raise TransientError(header.error_message)
+            raise TransientError(header.error_message, answered=True)
         if header.error_type == "InvalidArgument":
             raise errors.InvalidRequestError(header.error_message)
         return header, ReceivedFrame(prefix, buffers)
@@ -263,6 +287,16 @@ class TcpTransport:
             self.memory_pid = None
             self._unread = True
             raise TransientError(f"{self._where}: copying from the worker's memory failed: {exc}") from None
+
+    def interrupt(self) -> None:
+        """From another thread: wakes a receive in flight, which then fails (the reader is closing).
+        Only shuts the socket down: the fetcher's thread still owns and closes it."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._sock is not None:

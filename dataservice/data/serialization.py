@@ -1,8 +1,21 @@
 """Pipelines to bytes and back, with cloudpickle.
 
-A pipeline carries user code (lambdas, closures, helpers defined in
-``__main__``); cloudpickle serializes it by value so another process can run
-it. When something in it cannot be pickled, the error names the offending
+A pipeline carries user code (lambdas, closures, helpers, classes). Code from
+the user's own modules — files beside the script, a project checkout,
+``__main__`` — travels by value, recursively; installed libraries travel by
+reference (``dataservice.data.code_shipping`` says which is which). The bytes
+are a ``PipelineDef``: the pickle, the client's versions of Python,
+cloudpickle, numpy and dataservice, and the names of the modules shipped by
+value. Loading checks the versions first (``dataservice.data.environment``)
+and names a missing module, so a worker can say what is wrong instead of
+showing an unpickling traceback.
+
+Serializing is deterministic: the same code gives the same bytes, in any
+process (classes shipped by value get an id derived from the shipped source,
+not cloudpickle's random one), so the dataset id — a fingerprint of the bytes
+— is stable across runs and changes when any shipped code changes.
+
+When something in a pipeline cannot be pickled, the error names the offending
 object and where it hangs in the pipeline.
 
 Example::
@@ -15,36 +28,127 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
+import sys
+import threading
 import types
 from typing import Any, Iterator
 
 import cloudpickle
+from google.protobuf.message import DecodeError
 
+from dataservice import errors
+from dataservice.data.code_shipping import is_shipped_by_value, shipped_modules, source_digest
 from dataservice.data.dataset import Dataset
+from dataservice.data.environment import describe_versions, differences, skew, versions
 from dataservice.errors import PipelineSerializationError
+from dataservice.proto import pipeline_pb2
 
 __all__ = ["serialize_dataset", "deserialize_dataset", "dataset_fingerprint"]
+
+# cloudpickle's by-value registry is process-wide: one serialization at a time changes it.
+_registry_lock = threading.Lock()
+
+
+def _tracker_tables():
+    # Private to cloudpickle (3.x): the ids that let a process unpickle one dynamic class once.
+    module = cloudpickle.cloudpickle
+    return (getattr(module, "_DYNAMIC_CLASS_TRACKER_LOCK", None), getattr(module, "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None),
+            getattr(module, "_DYNAMIC_CLASS_TRACKER_BY_ID", None))
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with deterministic ids for the classes it ships by value.
+
+    cloudpickle tags each class it pickles by value with a random id, so the same code would
+    give other bytes — another dataset id — in every process. Here a module-level class gets an
+    id derived from the digest of all shipped source and its qualified name: the same code gives
+    the same id, and a change anywhere in the shipped code gives new ones (so a long-lived worker
+    never mistakes a changed class for the one it already loaded).
+    """
+
+    def __init__(self, file: io.BytesIO, digest: str):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._digest = digest
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and "<locals>" not in obj.__qualname__:
+            module = sys.modules.get(obj.__module__)
+            if module is not None and is_shipped_by_value(module) and \
+                    getattr(module, obj.__qualname__.split(".")[0], None) is not None:
+                self._seed_tracker_id(obj)
+        return super().reducer_override(obj)
+
+    def _seed_tracker_id(self, cls: type) -> None:
+        lock, by_class, by_id = _tracker_tables()
+        if lock is None or by_class is None or by_id is None:
+            return  # another cloudpickle: ids stay random, dataset ids differ per process
+        tracker_id = hashlib.sha256(f"{self._digest}:{cls.__module__}:{cls.__qualname__}".encode()).hexdigest()[:32]
+        with lock:
+            by_class[cls] = tracker_id
+            by_id[tracker_id] = cls
 
 
 def serialize_dataset(dataset: Dataset) -> bytes:
     """Serializes a pipeline; raises PipelineSerializationError naming what failed."""
     if not isinstance(dataset, Dataset):
         raise TypeError(f"expected a Dataset, got {type(dataset).__name__}")
-    try:
-        return cloudpickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        culprit = _find_culprit(dataset)
-        raise PipelineSerializationError(
-            f"cannot serialize the pipeline: {culprit or 'an object in it'} "
-            f"cannot be pickled ({type(exc).__name__}: {exc})") from exc
+    with _registry_lock:
+        modules = shipped_modules()
+        registered = cloudpickle.list_registry_pickle_by_value()
+        added = [m for m in modules if m.__name__ not in registered]
+        for module in added:
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            buffer = io.BytesIO()
+            try:
+                _Pickler(buffer, source_digest(modules)).dump(dataset)
+            except Exception as exc:
+                culprit = _find_culprit(dataset)
+                raise PipelineSerializationError(
+                    f"cannot serialize the pipeline: {culprit or 'an object in it'} "
+                    f"cannot be pickled ({type(exc).__name__}: {exc})") from exc
+        finally:
+            for module in added:
+                cloudpickle.unregister_pickle_by_value(module)
+    definition = pipeline_pb2.PipelineDef(pipeline=buffer.getvalue(), versions=versions(),
+                                          shipped_modules=[m.__name__ for m in modules])
+    return definition.SerializeToString(deterministic=True)
 
 
 def deserialize_dataset(blob: bytes) -> Dataset:
-    """The inverse of :func:`serialize_dataset`."""
-    dataset = cloudpickle.loads(blob)
+    """The inverse of :func:`serialize_dataset`.
+
+    Raises ``errors.VersionSkewError`` when this process's versions cannot load what the
+    serializing process's versions pickled, ``errors.MissingModuleError`` naming a module
+    the pipeline needs and this process cannot import, and ``errors.WorkerEnvironmentError``
+    for any other failure to load.
+    """
+    try:
+        definition = pipeline_pb2.PipelineDef.FromString(blob)
+    except DecodeError as exc:
+        raise errors.WorkerEnvironmentError(f"not a serialized dataservice pipeline: {exc}") from exc
+    theirs, mine = dict(definition.versions), versions()
+    mismatched = skew(theirs, mine)
+    if mismatched:
+        raise errors.VersionSkewError(
+            f"the pipeline was serialized with {describe_versions(theirs)}; this process has "
+            f"{describe_versions(mine)}: {', '.join(mismatched)}", client_versions=theirs, worker_versions=mine)
+    try:
+        dataset = cloudpickle.loads(definition.pipeline)
+    except ModuleNotFoundError as exc:
+        raise errors.MissingModuleError(f"the pipeline needs module {exc.name!r}, which cannot be imported here",
+                                        module=exc.name or "") from exc
+    except Exception as exc:
+        differ = differences(theirs, mine)
+        if differ:
+            raise errors.VersionSkewError(
+                f"the pipeline cannot be loaded ({type(exc).__name__}: {exc}), and versions differ: "
+                f"{', '.join(differ)}", client_versions=theirs, worker_versions=mine) from exc
+        raise errors.WorkerEnvironmentError(f"the pipeline cannot be loaded: {type(exc).__name__}: {exc}") from exc
     if not isinstance(dataset, Dataset):
-        raise TypeError(f"the serialized object is a {type(dataset).__name__}, not a Dataset")
+        raise errors.WorkerEnvironmentError(f"the serialized object is a {type(dataset).__name__}, not a Dataset")
     return dataset
 
 

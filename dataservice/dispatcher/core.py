@@ -172,22 +172,40 @@ class DispatcherCore:
                 raise errors.NotSplittableError(
                     f"dataset {req.dataset_id} is not splittable, so it cannot be read in distributed_epoch mode; "
                     "use parallel_epochs")
+            collected = None
             if req.job_name:
                 job_id = self.state.jobs_by_name.get(req.job_name)
                 if job_id is not None:
                     job = self.state.jobs[job_id]
-                    if job.dataset_id != req.dataset_id or job.processing_mode != req.processing_mode:
+                    if self._job_collected(job):
+                        # Nothing of the old job can be read any more: without a new job the name
+                        # would be dead until a restart. Its parameters bind no one now either.
+                        collected = job
+                    elif job.dataset_id != req.dataset_id or job.processing_mode != req.processing_mode:
                         raise errors.AlreadyExistsError(
                             f"job name {req.job_name!r} is already used by a job reading dataset {job.dataset_id} "
                             f"in {_MODE_NAMES[job.processing_mode]}; this request reads dataset {req.dataset_id} in "
                             f"{_MODE_NAMES[req.processing_mode]}. Use another job_name.")
-                    return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+                    else:
+                        return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
             job_id = self.state.next_id()
+            # Applying it re-binds jobs_by_name to the new job; a collected job stays in the state
+            # (clients may still hold its id) but no longer answers to its name.
             self._commit(state_pb2.Update(create_job=state_pb2.CreateJobUpdate(
                 job_id=job_id, job_name=req.job_name, dataset_id=req.dataset_id,
                 processing_mode=req.processing_mode)))
             self._event("create_job", job_id=job_id, job_name=req.job_name)
+            if collected is not None:
+                self._event("recreate_job", job_name=req.job_name, job_id=job_id, old_job_id=collected.job_id)
+                log.info("job name %r: job %d was garbage collected, created job %d under the name",
+                         req.job_name, collected.job_id, job_id)
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+
+    def _job_collected(self, job) -> bool:
+        """Every iteration of ``job`` was garbage collected and no client is left on it."""
+        iterations = [self.state.iterations[i] for i in job.iterations.values()]
+        return bool(iterations) and all(
+            it.state is IterationState.GARBAGE_COLLECTED and not it.clients for it in iterations)
 
     def get_or_create_iteration(self, req: dispatcher_pb2.GetOrCreateIterationRequest
                                 ) -> dispatcher_pb2.GetOrCreateIterationResponse:
@@ -206,9 +224,11 @@ class DispatcherCore:
                         self._assign_tasks(address)
                 iteration = self.state.iterations[iteration_id]
             elif iteration.state is IterationState.GARBAGE_COLLECTED:
+                free = job.name and self.state.jobs_by_name.get(job.name) == job.job_id and self._job_collected(job)
+                hint = f"; a new read under the job name {job.name!r} starts a new job" if free else ""
                 raise errors.NotFoundError(
                     f"iteration {req.repetition} of job {req.job_id} was garbage collected: no client read it for "
-                    f"{self.config.job_gc_timeout_ms} ms")
+                    f"{self.config.job_gc_timeout_ms} ms{hint}")
             client_id = self.state.next_id()
             self._commit(state_pb2.Update(acquire_iteration_client=state_pb2.AcquireIterationClientUpdate(
                 client_id=client_id, iteration_id=iteration.iteration_id)))
@@ -499,6 +519,12 @@ class DispatcherCore:
                     log.warning("client %d silent for %d ms: releasing it", client_id, self.config.client_timeout_ms)
                     self._event("client_timeout", client_id=client_id)
                     self._release_client(client_id)
+            for iteration in self.state.iterations.values():
+                # An iteration already idle when this dispatcher replayed its journal (or idle again
+                # after a rollback undid a client's join) was never released here: without this it
+                # would never be collected, and a named job on it would never free its name.
+                if not iteration.clients and iteration.state is not IterationState.GARBAGE_COLLECTED:
+                    self._iteration_idle_since.setdefault(iteration.iteration_id, now)
             for iteration_id, since in list(self._iteration_idle_since.items()):
                 iteration = self.state.iterations.get(iteration_id)  # gone if a journal failure rolled it back
                 if iteration is None or iteration.clients or iteration.state is IterationState.GARBAGE_COLLECTED:

@@ -153,6 +153,8 @@ class DispatcherState:
     def _apply_create_job(self, u: state_pb2.CreateJobUpdate) -> None:
         self.jobs[u.job_id] = JobInfo(u.job_id, u.job_name, u.dataset_id, u.processing_mode)
         if u.job_name:
+            # A known name is re-bound: the core creates a job under a taken name only once the
+            # job bearing it was garbage collected.
             self.jobs_by_name[u.job_name] = u.job_id
         self._saw_id(u.job_id)
 
@@ -266,7 +268,9 @@ class DispatcherState:
         for w in self.workers.values():
             out.append(U(register_worker=state_pb2.RegisterWorkerUpdate(worker_address=w.address, worker_uid=w.uid,
                                                                         data_address=w.data_address)))
-        for j in self.jobs.values():
+        # A name re-bound to a new job (its old job was garbage collected) names two jobs, and
+        # the last create_job applied wins jobs_by_name: the bound job goes after the others.
+        for j in sorted(self.jobs.values(), key=lambda j: (self.jobs_by_name.get(j.name) == j.job_id, j.job_id)):
             out.append(U(create_job=state_pb2.CreateJobUpdate(job_id=j.job_id, job_name=j.name,
                                                               dataset_id=j.dataset_id,
                                                               processing_mode=j.processing_mode)))

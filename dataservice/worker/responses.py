@@ -19,6 +19,7 @@ import logging
 from typing import Optional, Protocol
 
 from dataservice.proto import worker_pb2
+from dataservice.service.remote_errors import failure_header
 from dataservice.service.rpc import CHUNK_BYTES
 from dataservice.service.wire import EncodedFrame, encode_elements
 from dataservice.worker.task_runner import TaskRunner
@@ -65,12 +66,6 @@ class Prepared:
             self._elements = self._runs = None
 
 
-def _error_header(exc: BaseException, address: str) -> worker_pb2.ElementChunk:
-    kind = type(exc)
-    return worker_pb2.ElementChunk(end_of_sequence=True, error_type=f"{kind.__module__}.{kind.__qualname__}",
-                                   error_message=str(exc), worker_address=address)
-
-
 def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepared:
     """Takes and encodes up to ``request.max_elements`` elements; UnknownTaskError, ValueError on a bad request."""
     if request.max_elements <= 0:
@@ -81,12 +76,12 @@ def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepa
     wait_s = min(max(request.wait_ms, 0) / 1000, MAX_WAIT_S)
     elements, runs, ended, error = runner.take(request.max_elements, request.max_bytes or CHUNK_BYTES, wait_s)
     if error is not None and not elements:
-        return Prepared(_error_header(error, worker.address), None)
+        return Prepared(failure_header(error, worker.address), None)
     try:
         frame = encode_elements(elements)
     except Exception as exc:  # an element with no wire form: report it like a user error
         log.warning("task %d: cannot encode an element: %s", request.task_id, exc)
-        return Prepared(_error_header(exc, worker.address), None)
+        return Prepared(failure_header(exc, worker.address), None)
     header = worker_pb2.ElementChunk(
         num_elements=len(elements), end_of_sequence=ended and error is None, worker_address=worker.address,
         runs=[worker_pb2.ElementRun(stream_id=r[0], split_index=r[1], first_offset=r[2], count=r[3],

@@ -23,10 +23,12 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from dataservice import errors
 from dataservice.data.dataset import Dataset
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
+from dataservice.service.remote_errors import failure_header, format_failure
 
 __all__ = ["TaskRunner", "approximate_size"]
 
@@ -92,8 +94,9 @@ class TaskRunner:
             else:
                 self._run_split(self.task_def.stream_id, 0, OffsetSet.from_flat(self.task_def.skip_ranges), None)
         except BaseException as exc:  # reported to readers; the worker carries on
-            if not self._stop.is_set():
-                log.warning("task %d failed: %s: %s", self.task_id, type(exc).__name__, exc)
+            # Once, with the user's traceback; a pipeline that failed to load was logged by the worker.
+            if not self._stop.is_set() and not isinstance(exc, errors.WorkerEnvironmentError):
+                log.warning("task %d failed: %s", self.task_id, format_failure(failure_header(exc, self._worker_address)))
             with self._cond:
                 self._error = exc
         finally:

@@ -1,0 +1,186 @@
+"""Which modules travel with a pipeline by value, and which by reference.
+
+A pipeline refers to code: the functions passed to ``map`` and ``filter``,
+their helpers, the helpers' helpers, classes, module-level constants. Code
+that the workers have installed — the standard library and installed
+distributions (numpy, Pillow, torch, ... and dataservice itself) — travels
+*by reference* (module and name; the worker imports it). Everything else is
+the user's own code — files beside the script, a project checkout on
+``sys.path``, ``__main__``, a notebook — and travels *by value*: cloudpickle
+serializes the functions and classes themselves, recursively, so workers
+started anywhere (``cd / && dataservice worker ...``) run them without having
+the files.
+
+The rule, for a module imported in the client process:
+
+1. named with :func:`ship_by_value` / :func:`ship_by_reference` (a package
+   name covers its submodules): as said;
+2. the standard library, a built-in or a compiled extension module: by reference;
+3. provided by an installed distribution (``importlib.metadata``; an
+   editable install — ``pip install -e`` — counts as installed) or lying in a
+   site-packages directory: by reference;
+4. any other module with a source file: by value.
+
+Example::
+
+    >>> import augment                       # ./augment.py beside the script
+    >>> is_shipped_by_value(augment)
+    True
+    >>> ship_by_reference("augment")         # it is installed on the workers after all
+    >>> is_shipped_by_value(augment)
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import site
+import sys
+import sysconfig
+import threading
+import types
+from typing import Iterable, Union
+
+__all__ = ["ship_by_value", "ship_by_reference", "is_shipped_by_value", "shipped_modules", "source_digest"]
+
+#: Never by value, whatever their location: the workers run these themselves, and
+#: a second copy of dataservice's classes would not be the worker's.
+_ALWAYS_BY_REFERENCE = frozenset({"dataservice", "cloudpickle", "numpy", "__mp_main__"})
+_EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib")
+
+_lock = threading.Lock()
+_by_value: set[str] = set()
+_by_reference: set[str] = set()
+
+ModuleLike = Union[str, types.ModuleType]
+
+
+def _names(modules: Iterable[ModuleLike], what: str) -> list[str]:
+    names = []
+    for module in modules:
+        if isinstance(module, types.ModuleType):
+            module = module.__name__
+        if not isinstance(module, str) or not module or module.startswith(".") or module.endswith("."):
+            raise TypeError(f"{what} takes modules or dotted module names like 'augment' or 'myproject.data', "
+                            f"got {module!r}")
+        names.append(module)
+    return names
+
+
+def ship_by_value(*modules: ModuleLike) -> None:
+    """Ships these modules (or packages, with their submodules) by value, whatever the rule says:
+    for your own code that happens to be installed on this machine (``pip install -e .``) but not
+    on the workers.
+
+    Example::
+
+        >>> dataservice.ship_by_value("myproject")
+    """
+    names = _names(modules, "ship_by_value")
+    with _lock:
+        _by_value.update(names)
+        _by_reference.difference_update(names)
+
+
+def ship_by_reference(*modules: ModuleLike) -> None:
+    """Ships these modules (or packages, with their submodules) by reference: the workers import
+    them. For your own code that the workers have too (baked into their image, or on their
+    ``PYTHONPATH``), or a module that cannot be serialized by value.
+
+    Example::
+
+        >>> dataservice.ship_by_reference("company_internal")
+    """
+    names = _names(modules, "ship_by_reference")
+    with _lock:
+        _by_reference.update(names)
+        _by_value.difference_update(names)
+
+
+def _override(name: str) -> Union[bool, None]:
+    """True/False if the user named this module or a package above it; the innermost name wins."""
+    while True:
+        if name in _by_value:
+            return True
+        if name in _by_reference:
+            return False
+        if "." not in name:
+            return None
+        name = name.rsplit(".", 1)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_top_levels() -> frozenset:
+    # Cached: scanning every installed distribution's metadata takes tens of milliseconds.
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(path)
+    for path in (*getattr(site, "getsitepackages", lambda: [])(), site.getusersitepackages()):
+        dirs.add(path)
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+def _files(module: types.ModuleType) -> list[str]:
+    file = getattr(module, "__file__", None)
+    if file:
+        return [file]
+    return list(getattr(module, "__path__", None) or ())  # a namespace package: its directories
+
+
+def is_shipped_by_value(module: types.ModuleType) -> bool:
+    """Whether functions and classes of ``module`` travel by value; see the module docstring."""
+    name = module.__name__
+    if name == "__main__":
+        return True  # cloudpickle always ships __main__ by value
+    with _lock:
+        chosen = _override(name)
+    if chosen is not None:
+        return chosen
+    top = name.partition(".")[0]
+    if top in _ALWAYS_BY_REFERENCE or top in sys.builtin_module_names or top in sys.stdlib_module_names:
+        return False
+    if top in _installed_top_levels():
+        return False
+    files = _files(module)
+    if not files:
+        return False  # built-in, frozen or made at run time: nothing to ship
+    for file in files:
+        if file.endswith(_EXTENSION_SUFFIXES):
+            return False  # compiled: it cannot travel by value
+        real = os.path.realpath(file)
+        if any(real.startswith(d) for d in _library_dirs()):
+            return False
+    return True
+
+
+def shipped_modules() -> list[types.ModuleType]:
+    """The imported modules whose code travels by value (``__main__`` aside), sorted by name."""
+    return [module for name, module in sorted(list(sys.modules.items()), key=lambda item: item[0])
+            if name != "__main__" and isinstance(module, types.ModuleType) and is_shipped_by_value(module)]
+
+
+def source_digest(modules: Iterable[types.ModuleType]) -> str:
+    """A digest of the source files of ``modules`` and of ``__main__``: it changes when any of
+    the code that travels by value changes. Modules without a readable file add their name only."""
+    digest = hashlib.sha256()
+    main = sys.modules.get("__main__")
+    for module in ([main] if main is not None else []) + list(modules):
+        digest.update(module.__name__.encode() + b"\0")
+        file = getattr(module, "__file__", None)
+        if file and not file.endswith(_EXTENSION_SUFFIXES):
+            try:
+                with open(file, "rb") as f:
+                    digest.update(f.read())
+            except OSError:
+                pass
+    return digest.hexdigest()
