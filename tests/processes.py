@@ -86,12 +86,12 @@ def tag_with_pid(x):
 class Proc:
     """A subprocess: stdout lines collected by a thread, stderr in a file."""
 
-    def __init__(self, args: list[str], env: dict, stderr_path: Path):
+    def __init__(self, args: list[str], env: dict, stderr_path: Path, cwd: Optional[Path] = None):
         self.args = args
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "w")
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
-                                      cwd=REPO)
+                                      cwd=cwd or REPO)
         self.lines: list[str] = []
         self._queue: "queue.Queue[Optional[str]]" = queue.Queue()
         self._eof = False
@@ -215,9 +215,9 @@ class Processes:
         self.env = subprocess_env()
         self.procs: list[Proc] = []
 
-    def spawn(self, *args: str, name: str = "proc") -> Proc:
+    def spawn(self, *args: str, name: str = "proc", cwd: Optional[Path] = None, env: Optional[dict] = None) -> Proc:
         path = self.tmp_dir / f"{len(self.procs):02d}-{name}.stderr"
-        proc = Proc([sys.executable, *args], self.env, path)
+        proc = Proc([sys.executable, *args], env or self.env, path, cwd)
         self.procs.append(proc)
         return proc
 

@@ -322,19 +322,29 @@ def cluster_events(cluster, kind: str) -> list[dict]:
     return events(cluster.dispatcher.core, kind)
 
 
-def test_a_named_job_read_to_its_end_and_collected_is_read_again_in_full():
+def finished_job_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "dataservice.client" and r.levelname == "WARNING" and "read to its end" in r.getMessage()]
+
+
+def test_a_named_job_read_to_its_end_and_collected_is_read_again_in_full(caplog):
     # The GC timeout leaves the second read, right after the first, well inside the window.
     with TestCluster(num_workers=2, job_gc_timeout_ms=1_500, job_gc_check_interval_ms=50) as cluster:
         everything = sorted(list(range(N)) * 2)  # parallel_epochs: one copy per worker
         assert read(cluster.target) == everything
+        assert finished_job_warnings(caplog) == []
         (created,) = cluster_events(cluster, "create_job")
         assert read(cluster.target) == []  # within the GC window: the finished job's end of input
+        # ... and the reader says why, and what to do.
+        (warning,) = finished_job_warnings(caplog)
+        assert "job 'train'" in warning and "new job_name" in warning and "job_gc_timeout_ms" in warning
         assert len(cluster_events(cluster, "create_job")) == 1
         with cluster.dispatcher.core._cond:
             (iteration_id,) = cluster.dispatcher.core.state.jobs[created["job_id"]].iterations.values()
         wait_until(lambda: any(e["iteration_id"] == iteration_id for e in cluster_events(cluster, "garbage_collect")),
                    10, "the finished iteration to be collected")
         assert read(cluster.target) == everything
+        assert len(finished_job_warnings(caplog)) == 1  # a re-created job reads in full, without a warning
         (recreated,) = cluster_events(cluster, "recreate_job")
         assert recreated["old_job_id"] == created["job_id"] and recreated["job_name"] == "train"
         with cluster.dispatcher.core._cond:

@@ -7,7 +7,7 @@ PUBLIC = {
     "AUTOTUNE", "Dataset", "DispatchServer", "DispatcherConfig", "FixedLengthRecordDataset", "INFINITE_CARDINALITY",
     "Options", "ShardingPolicy", "SqlDataset", "TFRecordDataset", "TFRecordWriter", "TextLineDataset",
     "ThreadingOptions", "UNKNOWN_CARDINALITY", "WorkerConfig", "WorkerServer", "distribute", "errors",
-    "from_dataset_id", "register_dataset", "shuffle_and_repeat",
+    "from_dataset_id", "register_dataset", "ship_by_reference", "ship_by_value", "shuffle_and_repeat",
 }
 
 

@@ -34,6 +34,7 @@ from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
+from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.remote_errors import remote_failure
 from dataservice.service.wire import WireFormatError
 
@@ -114,6 +115,8 @@ class IterationReader:
         response = dispatcher.get_or_create_iteration(job_id, repetition)
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
+        self._joined_existing = response.existing
+        self._received_any = False
         self._credits = _Credits(max_outstanding_requests)
         # Whatever the fetchers can have buffered, plus one response in flight each.
         self._pool = BufferPool(MAX_BUFFERED_BYTES + MAX_RESPONSE_BYTES)
@@ -144,6 +147,7 @@ class IterationReader:
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="dataservice-client-heartbeat",
                                            daemon=True)
         self._heartbeat.start()
+        stop_at_exit(self.close, Stage.READERS)
 
     # --- consumer side ---------------------------------------------------------------
     def __iter__(self) -> "IterationReader":
@@ -186,8 +190,10 @@ class IterationReader:
             try:
                 return self._out.get_nowait()
             except queue.Empty:
+                # The message first: close() ends the fetchers, and an ended fetcher counts as finished.
+                message = self._no_answer_message()
                 self.close()
-                raise errors.ServiceUnavailableError(self._no_answer_message()) from None
+                raise errors.ServiceUnavailableError(message) from None
 
     def _no_answer_message(self) -> str:
         timeout_ms = int(self._timeout_s * 1000)
@@ -254,14 +260,7 @@ class IterationReader:
                 if response.iteration_finished and not self._fetchers:
                     # We joined an iteration other readers of the job already read to its end: its
                     # workers may have dropped its tasks. End of input at once, as tf.data does.
-                    if self._job_name:
-                        log.warning(
-                            "job %r: its iteration %d had already been read to its end by other readers when this "
-                            "reader joined, so it gives end of input (0 elements), as tf.data service does for a "
-                            "shared job: all readers with one job_name share one job. To read the dataset again, "
-                            "use a new job_name (or none), or wait until the dispatcher garbage-collects the "
-                            "finished job (job_gc_timeout_ms after its last reader left)",
-                            self._job_name, self._repetition)
+                    self._warn_if_read_by_others()
                     self._out.put(_END)
                     return
                 new = [t for t in response.tasks if t.task_id not in self._fetchers and t.task_id not in self._revoked]
@@ -275,6 +274,7 @@ class IterationReader:
                 all_done = bool(self._fetchers) and all(t in ended for t in self._fetchers)
             # The end: every task we know has ended, and a heartbeat taken after that shows no new one.
             if all_done and not new and not self._dirty and not response.more_tasks_expected:
+                self._warn_if_read_by_others()
                 self._out.put(_END)
                 return
             if fresh or (all_done and not response.more_tasks_expected):
@@ -286,6 +286,16 @@ class IterationReader:
                 # MAX_HEARTBEATS_PER_S times a second however fast splits end.
                 self._stop.wait(1 / MAX_HEARTBEATS_PER_S)
             self._wake.clear()
+
+    def _warn_if_read_by_others(self) -> None:
+        """A second run of a script with the same job_name reads nothing: say why, and what to do."""
+        if self._job_name and self._joined_existing and not self._received_any:
+            log.warning(
+                "job %r: its iteration %d had already been read to its end by other readers when this reader "
+                "joined, so this reader gets end of input (0 elements), as in tf.data service: all readers with "
+                "one job_name share one job. To read the dataset again, use a new job_name (or none), or wait "
+                "until the dispatcher garbage-collects the finished job (job_gc_timeout_ms after its last reader "
+                "left)", self._job_name, self._repetition)
 
     # --- fetchers -------------------------------------------------------------------
     def _accept(self, task_id: int, elements: list, runs) -> Optional[list]:
@@ -407,6 +417,7 @@ class IterationReader:
         nbytes = frame.nbytes if kept else 0
         self._credits.release(n - len(kept), nbytes)
         if kept:
+            self._received_any = True
             self._out.put((kept, nbytes))
         return not head.end_of_sequence
 

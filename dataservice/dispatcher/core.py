@@ -214,6 +214,7 @@ class DispatcherCore:
             if job is None:
                 raise errors.NotFoundError(f"job {req.job_id} does not exist")
             iteration = self.state.find_iteration(req.job_id, req.repetition)
+            existing = iteration is not None
             if iteration is None:
                 iteration_id = self.state.next_id()
                 self._commit(state_pb2.Update(create_iteration=state_pb2.CreateIterationUpdate(
@@ -235,7 +236,7 @@ class DispatcherCore:
             self._client_seen[client_id] = self._clock()
             self._iteration_idle_since.pop(iteration.iteration_id, None)
             return dispatcher_pb2.GetOrCreateIterationResponse(iteration_id=iteration.iteration_id,
-                                                               client_id=client_id)
+                                                               client_id=client_id, existing=existing)
 
     def _create_task(self, iteration_id: int, worker_address: str, stream_id: Optional[int] = None) -> None:
         task_id = self.state.next_id()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dataservice.proto import state_pb2 as dataservice_dot_proto_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dataservice/proto/dispatcher.proto\x12\x0b\x64\x61taservice\x1a\x1d\x64\x61taservice/proto/state.proto\"\xf4\x01\n\x07TaskDef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x12\n\ndataset_id\x18\x04 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x05 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12\x12\n\nnum_splits\x18\x07 \x01(\x03\x12\x11\n\tstream_id\x18\x08 \x01(\x03\x12\x13\n\x0bskip_ranges\x18\t \x03(\x03\x12\x14\n\x0c\x64\x61ta_address\x18\n \x01(\t\"A\n\x16RegisterDatasetRequest\x12\x13\n\x0b\x64\x61taset_def\x18\x01 \x01(\x0c\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\"-\n\x17RegisterDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\"*\n\x14GetDatasetDefRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\",\n\x15GetDatasetDefResponse\x12\x13\n\x0b\x64\x61taset_def\x18\x01 \x01(\x0c\"s\n\x15GetOrCreateJobRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x02 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x10\n\x08job_name\x18\x03 \x01(\t\"(\n\x16GetOrCreateJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"A\n\x1bGetOrCreateIterationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\"G\n\x1cGetOrCreateIterationResponse\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\"p\n\x16\x43lientHeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\x03\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.dataservice.SplitProgress\x12\x15\n\rstopped_tasks\x18\x03 \x03(\x03\"\xcd\x01\n\x17\x43lientHeartbeatResponse\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.dataservice.TaskDef\x12\x1a\n\x12iteration_finished\x18\x02 \x01(\x08\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x03 \x01(\t\x12\x15\n\rrevoked_tasks\x18\x04 \x03(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\x03\x12\x1b\n\x13more_tasks_expected\x18\x06 \x01(\x08\"2\n\x1dReleaseIterationClientRequest\x12\x11\n\tclient_id\x18\x01 \x01(\x03\" \n\x1eReleaseIterationClientResponse\"\x9a\x01\n\x16WorkerHeartbeatRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nworker_uid\x18\x02 \x01(\t\x12\x15\n\rcurrent_tasks\x18\x03 \x03(\x03\x12\x16\n\x0e\x66inished_tasks\x18\x04 \x03(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\"{\n\x17WorkerHeartbeatResponse\x12\'\n\tnew_tasks\x18\x01 \x03(\x0b\x32\x14.dataservice.TaskDef\x12\x17\n\x0ftasks_to_delete\x18\x02 \x03(\x03\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x03 \x01(\t\"L\n\x0fGetSplitRequest\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x12\n\nrequest_id\x18\x03 \x01(\x03\"a\n\x10GetSplitResponse\x12\x13\n\x0bsplit_index\x18\x01 \x01(\x03\x12\x15\n\rend_of_splits\x18\x02 \x01(\x08\x12\x0c\n\x04wait\x18\x03 \x01(\x08\x12\x13\n\x0bskip_ranges\x18\x04 \x03(\x03\"\x12\n\x10GetStatusRequest\"K\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x1b\n\x13last_heartbeat_unix\x18\x02 \x01(\x01\x12\r\n\x05tasks\x18\x03 \x03(\x03\"`\n\rDatasetStatus\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nnum_splits\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\"\xcd\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x04 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x13\n\x0bnum_clients\x18\x06 \x01(\x03\x12\x12\n\niterations\x18\x07 \x03(\x03\x12\x19\n\x11garbage_collected\x18\x08 \x01(\x08\"\xb3\x01\n\x11GetStatusResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.dataservice.WorkerStatus\x12,\n\x08\x64\x61tasets\x18\x02 \x03(\x0b\x32\x1a.dataservice.DatasetStatus\x12$\n\x04jobs\x18\x03 \x03(\x0b\x32\x16.dataservice.JobStatus\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x04 \x01(\t2\xce\x06\n\nDispatcher\x12\\\n\x0fRegisterDataset\x12#.dataservice.RegisterDatasetRequest\x1a$.dataservice.RegisterDatasetResponse\x12V\n\rGetDatasetDef\x12!.dataservice.GetDatasetDefRequest\x1a\".dataservice.GetDatasetDefResponse\x12Y\n\x0eGetOrCreateJob\x12\".dataservice.GetOrCreateJobRequest\x1a#.dataservice.GetOrCreateJobResponse\x12k\n\x14GetOrCreateIteration\x12(.dataservice.GetOrCreateIterationRequest\x1a).dataservice.GetOrCreateIterationResponse\x12\\\n\x0f\x43lientHeartbeat\x12#.dataservice.ClientHeartbeatRequest\x1a$.dataservice.ClientHeartbeatResponse\x12q\n\x16ReleaseIterationClient\x12*.dataservice.ReleaseIterationClientRequest\x1a+.dataservice.ReleaseIterationClientResponse\x12\\\n\x0fWorkerHeartbeat\x12#.dataservice.WorkerHeartbeatRequest\x1a$.dataservice.WorkerHeartbeatResponse\x12G\n\x08GetSplit\x12\x1c.dataservice.GetSplitRequest\x1a\x1d.dataservice.GetSplitResponse\x12J\n\tGetStatus\x12\x1d.dataservice.GetStatusRequest\x1a\x1e.dataservice.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dataservice/proto/dispatcher.proto\x12\x0b\x64\x61taservice\x1a\x1d\x64\x61taservice/proto/state.proto\"\xf4\x01\n\x07TaskDef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\x03\x12\x12\n\ndataset_id\x18\x04 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x05 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12\x12\n\nnum_splits\x18\x07 \x01(\x03\x12\x11\n\tstream_id\x18\x08 \x01(\x03\x12\x13\n\x0bskip_ranges\x18\t \x03(\x03\x12\x14\n\x0c\x64\x61ta_address\x18\n \x01(\t\"A\n\x16RegisterDatasetRequest\x12\x13\n\x0b\x64\x61taset_def\x18\x01 \x01(\x0c\x12\x12\n\nnum_splits\x18\x02 \x01(\x03\"-\n\x17RegisterDatasetResponse\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\"*\n\x14GetDatasetDefRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\",\n\x15GetDatasetDefResponse\x12\x13\n\x0b\x64\x61taset_def\x18\x01 \x01(\x0c\"s\n\x15GetOrCreateJobRequest\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x02 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x10\n\x08job_name\x18\x03 \x01(\t\"(\n\x16GetOrCreateJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"A\n\x1bGetOrCreateIterationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x12\n\nrepetition\x18\x02 \x01(\x03\"Y\n\x1cGetOrCreateIterationResponse\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\x12\x10\n\x08\x65xisting\x18\x03 \x01(\x08\"p\n\x16\x43lientHeartbeatRequest\x12\x11\n\tclient_id\x18\x01 \x01(\x03\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.dataservice.SplitProgress\x12\x15\n\rstopped_tasks\x18\x03 \x03(\x03\"\xcd\x01\n\x17\x43lientHeartbeatResponse\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.dataservice.TaskDef\x12\x1a\n\x12iteration_finished\x18\x02 \x01(\x08\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x03 \x01(\t\x12\x15\n\rrevoked_tasks\x18\x04 \x03(\x03\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\x03\x12\x1b\n\x13more_tasks_expected\x18\x06 \x01(\x08\"2\n\x1dReleaseIterationClientRequest\x12\x11\n\tclient_id\x18\x01 \x01(\x03\" \n\x1eReleaseIterationClientResponse\"\x9a\x01\n\x16WorkerHeartbeatRequest\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nworker_uid\x18\x02 \x01(\t\x12\x15\n\rcurrent_tasks\x18\x03 \x03(\x03\x12\x16\n\x0e\x66inished_tasks\x18\x04 \x03(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\"{\n\x17WorkerHeartbeatResponse\x12\'\n\tnew_tasks\x18\x01 \x03(\x0b\x32\x14.dataservice.TaskDef\x12\x17\n\x0ftasks_to_delete\x18\x02 \x03(\x03\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x03 \x01(\t\"L\n\x0fGetSplitRequest\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x12\n\nrequest_id\x18\x03 \x01(\x03\"a\n\x10GetSplitResponse\x12\x13\n\x0bsplit_index\x18\x01 \x01(\x03\x12\x15\n\rend_of_splits\x18\x02 \x01(\x08\x12\x0c\n\x04wait\x18\x03 \x01(\x08\x12\x13\n\x0bskip_ranges\x18\x04 \x03(\x03\"\x12\n\x10GetStatusRequest\"K\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x1b\n\x13last_heartbeat_unix\x18\x02 \x01(\x01\x12\r\n\x05tasks\x18\x03 \x03(\x03\"`\n\rDatasetStatus\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nnum_splits\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\"\xcd\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x04 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x13\n\x0bnum_clients\x18\x06 \x01(\x03\x12\x12\n\niterations\x18\x07 \x03(\x03\x12\x19\n\x11garbage_collected\x18\x08 \x01(\x08\"\xb3\x01\n\x11GetStatusResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.dataservice.WorkerStatus\x12,\n\x08\x64\x61tasets\x18\x02 \x03(\x0b\x32\x1a.dataservice.DatasetStatus\x12$\n\x04jobs\x18\x03 \x03(\x0b\x32\x16.dataservice.JobStatus\x12\x1e\n\x16\x64ispatcher_incarnation\x18\x04 \x01(\t2\xce\x06\n\nDispatcher\x12\\\n\x0fRegisterDataset\x12#.dataservice.RegisterDatasetRequest\x1a$.dataservice.RegisterDatasetResponse\x12V\n\rGetDatasetDef\x12!.dataservice.GetDatasetDefRequest\x1a\".dataservice.GetDatasetDefResponse\x12Y\n\x0eGetOrCreateJob\x12\".dataservice.GetOrCreateJobRequest\x1a#.dataservice.GetOrCreateJobResponse\x12k\n\x14GetOrCreateIteration\x12(.dataservice.GetOrCreateIterationRequest\x1a).dataservice.GetOrCreateIterationResponse\x12\\\n\x0f\x43lientHeartbeat\x12#.dataservice.ClientHeartbeatRequest\x1a$.dataservice.ClientHeartbeatResponse\x12q\n\x16ReleaseIterationClient\x12*.dataservice.ReleaseIterationClientRequest\x1a+.dataservice.ReleaseIterationClientResponse\x12\\\n\x0fWorkerHeartbeat\x12#.dataservice.WorkerHeartbeatRequest\x1a$.dataservice.WorkerHeartbeatResponse\x12G\n\x08GetSplit\x12\x1c.dataservice.GetSplitRequest\x1a\x1d.dataservice.GetSplitResponse\x12J\n\tGetStatus\x12\x1d.dataservice.GetStatusRequest\x1a\x1e.dataservice.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,33 +49,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETORCREATEITERATIONREQUEST']._serialized_start=692
   _globals['_GETORCREATEITERATIONREQUEST']._serialized_end=757
   _globals['_GETORCREATEITERATIONRESPONSE']._serialized_start=759
-  _globals['_GETORCREATEITERATIONRESPONSE']._serialized_end=830
-  _globals['_CLIENTHEARTBEATREQUEST']._serialized_start=832
-  _globals['_CLIENTHEARTBEATREQUEST']._serialized_end=944
-  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_start=947
-  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_end=1152
-  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_start=1154
-  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_end=1204
-  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_start=1206
-  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_end=1238
-  _globals['_WORKERHEARTBEATREQUEST']._serialized_start=1241
-  _globals['_WORKERHEARTBEATREQUEST']._serialized_end=1395
-  _globals['_WORKERHEARTBEATRESPONSE']._serialized_start=1397
-  _globals['_WORKERHEARTBEATRESPONSE']._serialized_end=1520
-  _globals['_GETSPLITREQUEST']._serialized_start=1522
-  _globals['_GETSPLITREQUEST']._serialized_end=1598
-  _globals['_GETSPLITRESPONSE']._serialized_start=1600
-  _globals['_GETSPLITRESPONSE']._serialized_end=1697
-  _globals['_GETSTATUSREQUEST']._serialized_start=1699
-  _globals['_GETSTATUSREQUEST']._serialized_end=1717
-  _globals['_WORKERSTATUS']._serialized_start=1719
-  _globals['_WORKERSTATUS']._serialized_end=1794
-  _globals['_DATASETSTATUS']._serialized_start=1796
-  _globals['_DATASETSTATUS']._serialized_end=1892
-  _globals['_JOBSTATUS']._serialized_start=1895
-  _globals['_JOBSTATUS']._serialized_end=2100
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2103
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2282
-  _globals['_DISPATCHER']._serialized_start=2285
-  _globals['_DISPATCHER']._serialized_end=3131
+  _globals['_GETORCREATEITERATIONRESPONSE']._serialized_end=848
+  _globals['_CLIENTHEARTBEATREQUEST']._serialized_start=850
+  _globals['_CLIENTHEARTBEATREQUEST']._serialized_end=962
+  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_start=965
+  _globals['_CLIENTHEARTBEATRESPONSE']._serialized_end=1170
+  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_start=1172
+  _globals['_RELEASEITERATIONCLIENTREQUEST']._serialized_end=1222
+  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_start=1224
+  _globals['_RELEASEITERATIONCLIENTRESPONSE']._serialized_end=1256
+  _globals['_WORKERHEARTBEATREQUEST']._serialized_start=1259
+  _globals['_WORKERHEARTBEATREQUEST']._serialized_end=1413
+  _globals['_WORKERHEARTBEATRESPONSE']._serialized_start=1415
+  _globals['_WORKERHEARTBEATRESPONSE']._serialized_end=1538
+  _globals['_GETSPLITREQUEST']._serialized_start=1540
+  _globals['_GETSPLITREQUEST']._serialized_end=1616
+  _globals['_GETSPLITRESPONSE']._serialized_start=1618
+  _globals['_GETSPLITRESPONSE']._serialized_end=1715
+  _globals['_GETSTATUSREQUEST']._serialized_start=1717
+  _globals['_GETSTATUSREQUEST']._serialized_end=1735
+  _globals['_WORKERSTATUS']._serialized_start=1737
+  _globals['_WORKERSTATUS']._serialized_end=1812
+  _globals['_DATASETSTATUS']._serialized_start=1814
+  _globals['_DATASETSTATUS']._serialized_end=1910
+  _globals['_JOBSTATUS']._serialized_start=1913
+  _globals['_JOBSTATUS']._serialized_end=2118
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2121
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2300
+  _globals['_DISPATCHER']._serialized_start=2303
+  _globals['_DISPATCHER']._serialized_end=3149
 # @@protoc_insertion_point(module_scope)
