@@ -94,8 +94,13 @@ class TaskRunner:
             else:
                 self._run_split(self.task_def.stream_id, 0, OffsetSet.from_flat(self.task_def.skip_ranges), None)
         except BaseException as exc:  # reported to readers; the worker carries on
-            # Once, with the user's traceback; a pipeline that failed to load was logged by the worker.
-            if not self._stop.is_set() and not isinstance(exc, errors.WorkerEnvironmentError):
+            # Once: the user's code with its traceback; the service (say, a restarted dispatcher that no
+            # longer knows the iteration) in a line. A pipeline that failed to load was logged on loading.
+            if self._stop.is_set() or isinstance(exc, errors.WorkerEnvironmentError):
+                pass
+            elif isinstance(exc, errors.ServiceError):
+                log.warning("task %d failed: %s: %s", self.task_id, type(exc).__name__, exc)
+            else:
                 log.warning("task %d failed: %s", self.task_id, format_failure(failure_header(exc, self._worker_address)))
             with self._cond:
                 self._error = exc
