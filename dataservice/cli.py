@@ -22,6 +22,13 @@ Example::
     {"dispatcher": "grpc://localhost:5050", "workers": [...], "datasets": [...], "jobs": [...]}
     $ dataservice local --workers 2 --port 0
     local cluster: grpc://localhost:40123 with 2 workers
+    $ dataservice status --dispatcher localhost:5051
+    dataservice status: error: localhost:5051 is a dataservice worker, not the dispatcher: pass the ...
+    $ dataservice --version
+    dataservice 0.1.0
+
+gRPC's own log lines are kept off the terminal by ``import dataservice``, which every
+entry point runs before grpc is imported (see ``dataservice._quiet_grpc_core``).
 
 The same from Python (``main`` returns the exit code instead of exiting)::
 
@@ -43,6 +50,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
+import dataservice
 from dataservice import errors
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.addresses import channel_address, target
@@ -168,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=32),
         description="Run the data service: a dispatcher, workers, or both in one process; "
                     "or show what a dispatcher knows.")
+    parser.add_argument("--version", action="version", version=f"dataservice {dataservice.__version__}",
+                        help="print the version of dataservice and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # Each subcommand records its own parser, so errors print its usage ("dataservice worker: error: ...").
 
@@ -514,6 +524,10 @@ def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     except errors.ServiceUnavailableError as exc:
         print(f"dataservice status: error: cannot reach the dispatcher at {args.dispatcher} within "
               f"{args.timeout_ms} ms ({_one_line(exc)})", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except errors.WrongEndpointError as exc:
+        # A wrong --dispatcher, like a malformed one: the same exit code.
+        print(f"dataservice status: error: {_one_line(exc)}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except errors.DataServiceError as exc:
         print(f"dataservice status: error: {_one_line(exc)}", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ import pytest
 import dataservice as ds
 from dataservice import cli
 from tests.processes import (REPO, Proc, Processes, assert_clean_exit, free_port, poll_status, run_cli,
-                             subprocess_env)
+                             subprocess_env, wait_until)
 
 THROUGHPUT_LINE = re.compile(r"read [\d,]+ elements \([\d,]+ batches\) in [\d.]+ s: [\d,]+ elements/s, [\d,.]+ MB/s")
 
@@ -83,6 +83,11 @@ def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture) -> Non
     out = capsys.readouterr().out
     for command in FLAGS:
         assert command in out
+
+
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"dataservice {ds.__version__}\n"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -309,6 +314,74 @@ def test_demo_runs_to_completion(cli_env: dict) -> None:
     assert THROUGHPUT_LINE.search(out), out
     assert "cluster stopped (exit code 0)" in out
     assert "Traceback" not in err, err
+
+
+# --- what a user sees when something is wrong (real processes) --------------------------------
+
+#: A line of gRPC's C-core log: severity, month and day ("E1122 16:42:24.446824 7219 add_port.cc:83] ...").
+GRPC_CORE_LOG_LINE = re.compile(r"^[EWI]\d{4} ", re.M)
+HINT = "pass the dispatcher's address (the --port of `dataservice dispatcher`)"
+
+
+def _env_without_grpc_settings(cli_env: dict) -> dict:
+    """``cli_env`` as a user who never heard of gRPC's variables has it."""
+    return {k: v for k, v in cli_env.items() if k not in ("GRPC_VERBOSITY", "GRPC_TRACE")}
+
+
+@pytest.mark.slow
+def test_version_in_a_real_process(cli_env: dict) -> None:
+    result = run_cli(cli_env, "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"dataservice {ds.__version__}\n"
+    assert result.stderr == ""
+
+
+@pytest.mark.slow
+def test_a_taken_port_gives_one_line_and_no_grpc_log(cluster, cli_env: dict) -> None:
+    result = run_cli(_env_without_grpc_settings(cli_env), "dispatcher", "--port", str(cluster.port))
+    assert result.returncode == 1, result
+    assert result.stderr == (f"dataservice dispatcher: error: cannot start: cannot bind [::]:{cluster.port}: the port "
+                             f"is in use or the address is invalid\n")
+    assert not GRPC_CORE_LOG_LINE.search(result.stderr) and "absl" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.slow
+def test_a_users_grpc_verbosity_is_kept(cluster, cli_env: dict) -> None:
+    # Also shows that the test above would see gRPC's log line if we did not keep it away.
+    env = {**_env_without_grpc_settings(cli_env), "GRPC_VERBOSITY": "ERROR"}
+    result = run_cli(env, "dispatcher", "--port", str(cluster.port))
+    assert result.returncode == 1, result
+    assert re.search(r"^E\d{4} .*Failed to add port", result.stderr, re.M), result.stderr
+    assert "dataservice dispatcher: error: cannot start: cannot bind" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port_kind", ["gRPC", "data-transfer"])
+def test_status_of_a_worker_says_it_is_not_the_dispatcher(cluster, cli_env: dict, port_kind: str) -> None:
+    worker = cluster.workers[0]
+    address = f"localhost:{worker.port}" if port_kind == "gRPC" else worker.data_address
+    what = "a dataservice worker" if port_kind == "gRPC" else "a dataservice worker's data-transfer port"
+    start = time.monotonic()
+    # A long --timeout-ms: retrying the wrong address until then would show as slowness.
+    result = run_cli(_env_without_grpc_settings(cli_env), "status", "--dispatcher", address, "--timeout-ms", "60000")
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2, result
+    assert result.stderr == f"dataservice status: error: {address} is {what}, not the dispatcher: {HINT}\n"
+    assert result.stdout == ""
+    assert elapsed < 30, f"status took {elapsed:.1f} s"  # a Python start-up or two, not the 60 s timeout
+
+
+@pytest.mark.slow
+def test_a_worker_pointed_at_a_worker_says_so(cluster, spawn: Callable[..., Proc]) -> None:
+    wrong = f"localhost:{cluster.workers[0].port}"
+    worker = spawn("worker", "--dispatcher", wrong, "--port", "0", "--heartbeat-interval-ms", "100")
+    expected = f"heartbeat to dispatcher {wrong} failed: {wrong} is a dataservice worker, not the dispatcher: {HINT}"
+    wait_until(lambda: expected in worker.stderr or worker.popen.poll() is not None, 30,
+               f"the worker's warning {expected!r}")
+    assert_clean_exit(worker, signal.SIGTERM)
+    assert expected in worker.stderr
+    assert not GRPC_CORE_LOG_LINE.search(worker.stderr), worker.stderr
 
 
 # --- the example client ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.grpc_service import add_dispatcher_service
 from dataservice.dispatcher.journaled_store import JournaledStore
 from dataservice.service.config import DispatcherConfig
+from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.rpc import create_server
 
 __all__ = ["DispatchServer"]
@@ -76,7 +77,7 @@ class DispatchServer:
         store = self._open_store() if self._config.fault_tolerant_mode else None
         try:
             core = DispatcherCore(self._config, store=store)
-            server, port = create_server(f"[::]:{self._config.port}")
+            server, port = create_server(f"[::]:{self._config.port}", services=("dataservice.Dispatcher",))
         except BaseException:
             if store is not None:
                 store.close()
@@ -88,6 +89,7 @@ class DispatchServer:
         self._stopped.clear()
         self._gc_thread = threading.Thread(target=self._gc_loop, name="dataservice-dispatcher-gc", daemon=True)
         self._gc_thread.start()
+        stop_at_exit(self.stop, Stage.DISPATCHERS)
         log.info("dispatcher listening on port %d", port)
 
     def _open_store(self) -> JournaledStore:

@@ -3,22 +3,51 @@
 Every call retries an unreachable dispatcher with backoff for up to
 ``timeout_ms`` and raises our own exceptions, never ``grpc.RpcError``.
 
+An address that answers, but not as a dispatcher, raises
+``errors.WrongEndpointError`` at once instead, saying what it is:
+
+- a gRPC server that lacks our methods (UNIMPLEMENTED): its health service says
+  whether it is a dataservice worker (``create_server`` registers the service names);
+- UNAVAILABLE from something that accepts connections: gRPC says the same of a
+  dispatcher not up yet, so ``endpoint_probe`` connects once and looks at what comes
+  back (a worker's data-transfer port, HTTP/1, TLS, ...). Nobody listening, or a gRPC
+  server, keeps the retries: clients may start before the cluster.
+
 Example::
 
     >>> client = DispatcherClient("localhost:5050", timeout_ms=5000)
     >>> dataset_id = client.register_dataset(blob, num_splits=8)
+    >>> DispatcherClient("localhost:5051").get_status()       # a worker's port
+    WrongEndpointError: localhost:5051 is a dataservice worker, not the dispatcher: pass the dispatcher's ...
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Callable, Optional, Sequence
 
-from dataservice import errors
-from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc
-from dataservice.service.addresses import channel_address
-from dataservice.service.rpc import call_with_retry, make_channel
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["DispatcherClient"]
+from dataservice import errors
+from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+from dataservice.service.addresses import channel_address
+from dataservice.service.endpoint_probe import EndpointKind, Probe, probe_endpoint
+from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel
+
+__all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE"]
+
+#: The names our servers report SERVING in their health service (``rpc.create_server``).
+DISPATCHER_SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"].full_name
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+_HINT = "pass the dispatcher's address (the --port of `dataservice dispatcher`)"
+#: How long a health check may take: the server just answered, so it is up.
+_HEALTH_TIMEOUT_S = 2.0
+#: The least time between two probes of an address where nobody listened: a dispatcher not
+#: up yet may be refused for a minute, and each probe costs a connection (and a DNS lookup).
+_REPROBE_INTERVAL_S = 1.0
 
 
 class DispatcherClient:
@@ -29,6 +58,13 @@ class DispatcherClient:
         self._channel = make_channel(self.address)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._closed = False
+        self._probe_lock = threading.Lock()
+        #: Set once the address answered as a gRPC server: UNAVAILABLE from it is then transient.
+        self._speaks_grpc = False
+        self._last_probe = -float("inf")
+        #: Said in the ServiceUnavailableError after the retries, when the address accepted
+        #: connections but never answered (not proof enough to stop retrying early).
+        self._silent_note = ""
 
     def close(self) -> None:
         """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError."""
@@ -40,7 +76,12 @@ class DispatcherClient:
         what = f"{name} to dispatcher {self.address}"
         try:
             return call_with_retry(lambda remaining: method(request, timeout=min(remaining, per_call_s)), what,
-                                   self._timeout_s if timeout_s is None else timeout_s, self._should_stop)
+                                   self._timeout_s if timeout_s is None else timeout_s, self._should_stop,
+                                   diagnose=lambda exc: self._diagnose(exc, name))
+        except errors.ServiceUnavailableError as exc:
+            if self._silent_note:
+                raise errors.ServiceUnavailableError(f"{exc} ({self._silent_note})") from exc
+            raise
         except ValueError:
             if self._closed:  # grpc raises a bare ValueError for a channel closed under the call
                 raise errors.ServiceUnavailableError(f"{what}: the client was closed") from None
@@ -81,3 +122,61 @@ class DispatcherClient:
 
     def get_status(self, timeout_s: Optional[float] = None) -> dispatcher_pb2.GetStatusResponse:
         return self._call("GetStatus", dispatcher_pb2.GetStatusRequest(), timeout_s=timeout_s)
+
+    # --- telling a wrong endpoint from a dispatcher that is not up yet -------------------
+    def _diagnose(self, exc: grpc.RpcError, method: str) -> Optional[errors.ServiceError]:
+        """The error to raise instead of retrying or translating ``exc``, if the address is not a dispatcher."""
+        code = exc.code()
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return self._identify_grpc_server(method)
+        if code in RETRYABLE_CODES:
+            return self._probe()
+        return None
+
+    def _identify_grpc_server(self, method: str) -> errors.ServiceError:
+        health = health_pb2_grpc.HealthStub(self._channel)
+
+        def serving(service: str) -> bool:
+            try:
+                response = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=_HEALTH_TIMEOUT_S)
+            except grpc.RpcError:  # NOT_FOUND for a name it does not serve; UNIMPLEMENTED without health
+                return False
+            return response.status == health_pb2.HealthCheckResponse.SERVING
+
+        if serving(WORKER_SERVICE):
+            return errors.WrongEndpointError(f"{self.address} is a dataservice worker, not the dispatcher: {_HINT}")
+        if serving(DISPATCHER_SERVICE):
+            return errors.ServiceError(
+                f"the dispatcher at {self.address} does not know the call {method}: it runs another version of "
+                f"dataservice than this process")
+        return errors.WrongEndpointError(f"{self.address} is a gRPC server but not a dataservice dispatcher: "
+                                         f"{_HINT}")
+
+    def _probe(self) -> Optional[errors.WrongEndpointError]:
+        with self._probe_lock:
+            if self._speaks_grpc or time.monotonic() - self._last_probe < _REPROBE_INTERVAL_S:
+                return None
+            probe = probe_endpoint(self.address)
+            wrong = _wrong_endpoint(self.address, probe)
+            # A wrong endpoint is not remembered: the next call probes again, so an address that
+            # becomes the dispatcher (its port handed over) works without a new client.
+            self._last_probe = time.monotonic() if wrong is None else -float("inf")
+            self._speaks_grpc = probe.kind is EndpointKind.GRPC
+            self._silent_note = (f"something at {self.address} accepts connections but never answers as a gRPC "
+                                 f"server" if probe.kind is EndpointKind.SILENT else "")
+            return wrong
+
+
+def _wrong_endpoint(address: str, probe: Probe) -> Optional[errors.WrongEndpointError]:
+    if probe.kind is EndpointKind.DATA_TRANSFER:
+        return errors.WrongEndpointError(
+            f"{address} is a dataservice worker's data-transfer port, not the dispatcher: {_HINT}")
+    if probe.kind is EndpointKind.TLS:
+        return errors.WrongEndpointError(
+            f"{address} is not a dataservice dispatcher: it speaks TLS, and dataservice speaks plaintext gRPC; "
+            f"{_HINT}")
+    if probe.kind is EndpointKind.NOT_GRPC:
+        return errors.WrongEndpointError(
+            f"{address} is not a dataservice dispatcher: it does not speak gRPC (it answered {probe.answer}); "
+            f"{_HINT}")
+    return None

@@ -1,14 +1,16 @@
 """gRPC plumbing shared by every process: servers, channels, and error translation.
 
-``create_server(address)`` returns ``(server, port)`` so tests can bind port 0;
-every server carries the standard health service. Our exceptions become gRPC
+``create_server(address, services)`` returns ``(server, port)`` so tests can bind port 0;
+every server carries the standard health service, which reports the names of the
+services it serves (``dataservice.Dispatcher``, ``dataservice.Worker``) SERVING: a
+client that reached the wrong one asks it which it is. Our exceptions become gRPC
 status codes at the server boundary (``abort_with``), and status codes become
 our exceptions again at the client boundary (``translate``): no bare
 ``grpc.RpcError`` reaches a user.
 
 Example::
 
-    >>> server, port = create_server("127.0.0.1:0")
+    >>> server, port = create_server("127.0.0.1:0", services=("dataservice.Dispatcher",))
     >>> server.start()
     >>> channel = make_channel(f"127.0.0.1:{port}")
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from concurrent import futures
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dataservice import errors
 
 __all__ = ["create_server", "make_channel", "translate", "abort_with", "call_with_retry", "MAX_MESSAGE_BYTES",
-           "CHUNK_BYTES"]
+           "CHUNK_BYTES", "RETRYABLE_CODES"]
 
 #: Largest gRPC message either side accepts. Elements larger than a message
 #: travel in several chunks, so this never caps an element's size.
@@ -47,8 +49,12 @@ _CHANNEL_OPTIONS = [
 T = TypeVar("T")
 
 
-def create_server(address: str, max_workers: int = 32) -> tuple[grpc.Server, int]:
-    """A gRPC server bound to ``address`` (port 0 picks one) with the health service; not started."""
+def create_server(address: str, services: Sequence[str] = (), max_workers: int = 32) -> tuple[grpc.Server, int]:
+    """A gRPC server bound to ``address`` (port 0 picks one) with the health service; not started.
+
+    ``services`` are the full names (``package.Service``) the health service reports SERVING,
+    besides the server as a whole ("").
+    """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dataservice-rpc"),
                          options=_CHANNEL_OPTIONS[:2] + [("grpc.so_reuseport", 0)])
     try:
@@ -59,7 +65,8 @@ def create_server(address: str, max_workers: int = 32) -> tuple[grpc.Server, int
     if port == 0:
         raise errors.ServiceUnavailableError(f"cannot bind {address}: the port is in use or the address is invalid")
     servicer = health.HealthServicer()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    for name in ("", *services):
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return server, port
 
@@ -87,7 +94,8 @@ _FROM_CODE = {
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.ServiceUnavailableError,
 }
 
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: The failures ``call_with_retry`` retries: the server may be restarting, or not up yet.
+RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def abort_with(context: grpc.ServicerContext, exc: Exception) -> None:
@@ -109,12 +117,15 @@ def translate(exc: grpc.RpcError, what: str) -> errors.DataServiceError:
 
 
 def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
-                    should_stop: Optional[Callable[[], bool]] = None) -> T:
+                    should_stop: Optional[Callable[[], bool]] = None,
+                    diagnose: Optional[Callable[[grpc.RpcError], Optional[Exception]]] = None) -> T:
     """Calls ``fn(per_call_timeout_s)`` until it succeeds, retrying UNAVAILABLE with
     jittered backoff for up to ``timeout_s`` in all.
 
     Other failures are translated and raised at once; the last UNAVAILABLE is
-    raised as ServiceUnavailableError when the time is up.
+    raised as ServiceUnavailableError when the time is up. ``diagnose`` sees every
+    failure first: an exception it returns (say, "that address is not a dispatcher")
+    is raised instead, chained from the gRPC error, and nothing is retried.
     """
     deadline = time.monotonic() + timeout_s
     backoff = 0.05
@@ -122,8 +133,11 @@ def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
         try:
             return fn(max(0.05, deadline - time.monotonic()))
         except grpc.RpcError as exc:
-            if exc.code() not in _RETRYABLE or time.monotonic() + backoff > deadline or (
-                    should_stop is not None and should_stop()):
+            stopping = should_stop is not None and should_stop()
+            diagnosis = diagnose(exc) if diagnose is not None and not stopping else None
+            if diagnosis is not None:
+                raise diagnosis from exc
+            if exc.code() not in RETRYABLE_CODES or time.monotonic() + backoff > deadline or stopping:
                 raise translate(exc, what) from exc
             last = exc
         time.sleep(backoff * (0.5 + random.random()))

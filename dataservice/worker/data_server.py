@@ -17,7 +17,11 @@ bytes. The worker keeps that answer's arrays alive until the reader's next
 request on the connection; a reader that could not copy them says so in that
 request (``previous_unread``) and the elements go back to the task.
 
-A connection that sends anything else is closed; the server goes on.
+A connection that opens with text (the HTTP/2 preface of a gRPC client given this port
+as the dispatcher's address, an HTTP request, a person with ``nc``) gets
+``endpoint_probe.DATA_TRANSFER_GREETING``, "dataservice data-transfer port", and is
+closed: that client's probe can then name the mistake. A connection that sends anything
+else is closed; the server goes on.
 
 Example::
 
@@ -32,6 +36,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Optional
 
 import numpy as np
@@ -39,6 +44,7 @@ import numpy as np
 from dataservice.proto import worker_pb2
 from dataservice.service.cross_memory import address_of
 from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
 from dataservice.worker.responses import Prepared, TaskSource, UnknownTaskError, prepare
 
 __all__ = ["DataServer"]
@@ -47,6 +53,16 @@ log = logging.getLogger("dataservice.worker")
 
 #: Largest number of buffers handed to one sendmsg call (the kernel's IOV_MAX is 1024).
 _MAX_IOV = 512
+#: A gRPC channel pointed at this port reconnects every second or so: one warning a minute is enough.
+_STRANGER_LOG_INTERVAL_S = 60.0
+#: How long a stranger gets to read the greeting and close before we close on it.
+_GREETING_LINGER_S = 1.0
+
+
+def _is_text(head: bytes) -> bool:
+    # A request's length is at most MAX_REQUEST_BYTES, so its two high bytes are zero: printable
+    # ASCII here ("PRI " of the HTTP/2 preface, "GET ") is never one of our clients.
+    return all(0x20 <= b < 0x7f for b in head)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
@@ -83,6 +99,7 @@ class DataServer:
         self._token = np.frombuffer(os.urandom(16), np.uint8).copy()
         self._connections: set = set()
         self._lock = threading.Lock()
+        self._last_stranger_log = -_STRANGER_LOG_INTERVAL_S
         self._thread = threading.Thread(target=self._accept_loop, name="dataservice-data-accept", daemon=True)
 
     def start(self) -> None:
@@ -101,11 +118,16 @@ class DataServer:
 
     def _serve(self, conn: socket.socket) -> None:
         held: Optional[Prepared] = None  # an answer by address: its arrays stay alive until the next request
+        first = True
         try:
             while not self._stopped.is_set():
                 head = _recv_exact(conn, REQUEST_HEADER.size)
                 if head is None:
                     return
+                if first and _is_text(head):
+                    self._greet_stranger(conn, bytes(head))
+                    return
+                first = False
                 (length,) = REQUEST_HEADER.unpack(head)
                 if length > MAX_REQUEST_BYTES:
                     log.warning("data connection sent a %d-byte request: not a dataservice client; closing", length)
@@ -135,6 +157,28 @@ class DataServer:
             with self._lock:
                 self._connections.discard(conn)
             conn.close()
+
+    def _greet_stranger(self, conn: socket.socket, head: bytes) -> None:
+        """Tells a client that is not a dataservice reader where it is, then lets it close."""
+        now = time.monotonic()
+        if now - self._last_stranger_log >= _STRANGER_LOG_INTERVAL_S:
+            self._last_stranger_log = now
+            try:
+                host, port = conn.getpeername()[:2]
+                peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            except OSError:
+                peer = "a peer that left"
+            protocol = "a gRPC client" if head == b"PRI " else "a text protocol (HTTP?)"
+            log.warning("data-transfer port %d: %s connected from %s; was this port given as the dispatcher's "
+                        "or a worker's gRPC address? (said at most once a minute)", self.port, protocol, peer)
+        conn.sendall(DATA_TRANSFER_GREETING)
+        # Closing with the rest of its request unread would send a reset, which may destroy the
+        # greeting before the peer reads it: half-close, and read until the peer closes.
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(_GREETING_LINGER_S)
+        deadline = now + _GREETING_LINGER_S
+        while time.monotonic() < deadline and conn.recv(4096):
+            pass
 
     def _answer(self, conn: socket.socket, request: worker_pb2.GetElementsRequest) -> Optional[Prepared]:
         """Sends the answer; returns it if the reader is to copy its arrays from our memory."""

@@ -20,10 +20,10 @@ from typing import Optional
 
 from dataservice import errors
 from dataservice.data.serialization import deserialize_dataset
-from dataservice.data.transformations import raise_user_error
 from dataservice.proto import dispatcher_pb2
 from dataservice.service.config import WorkerConfig
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.grpc_service import add_worker_service
@@ -38,16 +38,16 @@ FIRST_HEARTBEAT_WAIT_S = 5.0
 
 
 class _UnloadablePipeline:
-    """Stands in for a pipeline this worker cannot deserialize (e.g. it needs a module only
-    the client has). Its task fails at once with the load error, so readers learn why, with
-    this worker's address, and the task ends; otherwise the worker would retry the load on
-    every heartbeat while readers wait for a task that never starts."""
+    """Stands in for a pipeline this worker cannot deserialize (a module it lacks, other
+    versions than the client's). Its task fails at once with the load error, so readers learn
+    why, with this worker's address, and the task ends; otherwise the worker would retry the
+    load on every heartbeat while readers wait for a task that never starts."""
 
-    def __init__(self, exc: Exception):
+    def __init__(self, exc: errors.WorkerEnvironmentError):
         self._exc = exc
 
     def _root_iterator(self, split_provider, split_hint=None):
-        raise_user_error(self._exc, "loading the pipeline on the worker")
+        raise self._exc
 
 
 class WorkerServer:
@@ -88,7 +88,7 @@ class WorkerServer:
         """Binds the port, starts serving and heartbeating; idempotent."""
         if self._server is not None:
             return
-        server, port = create_server(f"[::]:{self._config.port}")
+        server, port = create_server(f"[::]:{self._config.port}", services=("dataservice.Worker",))
         self._port = port
         self.address = self._config.worker_address.replace("%port%", str(port))
         self._uid = uuid.uuid4().hex
@@ -108,6 +108,7 @@ class WorkerServer:
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="dataservice-worker-heartbeat",
                                                   daemon=True)
         self._heartbeat_thread.start()
+        stop_at_exit(self.stop, Stage.WORKERS)
         log.info("worker listening on port %d as %s; dispatcher %s", port, self.address,
                  self._config.dispatcher_address)
         self._registered.wait(FIRST_HEARTBEAT_WAIT_S)
@@ -131,9 +132,9 @@ class WorkerServer:
             try:
                 dataset = deserialize_dataset(blob)
                 self._datasets[task_def.dataset_id] = dataset
-            except Exception as exc:
-                log.warning("task %d: cannot load the pipeline of dataset %d: %s: %s", task_def.task_id,
-                            task_def.dataset_id, type(exc).__name__, exc)
+            except errors.WorkerEnvironmentError as exc:
+                log.warning("task %d: cannot load the pipeline of dataset %d: %s", task_def.task_id,
+                            task_def.dataset_id, exc)
                 dataset = _UnloadablePipeline(exc)
         runner = TaskRunner(task_def, dataset, self._dispatcher, self.address)
         with self._cond:
@@ -162,16 +163,24 @@ class WorkerServer:
     def _heartbeat_loop(self) -> None:
         wait_ms = 0  # the first heartbeat registers at once
         backoff = 0.1
+        last_failure = ""
         while not self._stopped.is_set():
             try:
                 response = self._dispatcher.worker_heartbeat(self._heartbeat_request(wait_ms))
             except errors.DataServiceError as exc:
                 if self._stopped.is_set():
                     return
-                log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, exc)
+                # Said once while it stays the same (say, --dispatcher names a worker): retries go on quietly.
+                message = f"{type(exc).__name__}: {exc}"
+                if message != last_failure:
+                    log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, exc)
+                    last_failure = message
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            if last_failure:
+                log.info("dispatcher %s reached again", self._config.dispatcher_address)
+                last_failure = ""
             backoff = 0.1
             self._registered.set()
             if response.dispatcher_incarnation != self._dispatcher_incarnation:

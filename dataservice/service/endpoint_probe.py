@@ -1,0 +1,155 @@
+"""What listens at an address that does not answer as a gRPC server should.
+
+gRPC reports a peer that does not speak HTTP/2 (an HTTP/1 server, a worker's
+data-transfer port) with UNAVAILABLE, the same status as a dispatcher that is
+not up yet, and a client retrying it would only give up at its timeout. One raw
+TCP connection tells the cases apart in a few milliseconds: it sends the HTTP/2
+client preface and an empty SETTINGS frame, as gRPC does, and looks at the
+first bytes that come back.
+
+- nobody listens (refused, unresolvable, unroutable): ``UNREACHABLE``, perhaps not up yet;
+- an HTTP/2 SETTINGS frame: ``GRPC``, a gRPC server that failed for another reason;
+- ``DATA_TRANSFER_GREETING``: ``DATA_TRANSFER``, a dataservice worker's data-transfer
+  port (its server says so when it sees the preface);
+- a TLS record: ``TLS``;
+- any other bytes: ``NOT_GRPC``, with the first line in ``answer``;
+- the connection accepted, then closed or left silent without a byte: ``SILENT``. That is
+  not proof: a gRPC server closes connections while it stops, and the kernel accepts
+  them for a process that is paused, so callers keep retrying on it.
+
+Example::
+
+    >>> probe_endpoint("localhost:8000")
+    Probe(kind=<EndpointKind.NOT_GRPC: 'not gRPC'>, answer="'HTTP/1.1 400 Bad Request'")
+    >>> probe_endpoint("localhost:1").kind
+    <EndpointKind.UNREACHABLE: 'unreachable'>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import socket
+import time
+
+from dataservice.service.addresses import parse_address
+
+__all__ = ["EndpointKind", "Probe", "probe_endpoint", "HTTP2_PREFACE", "DATA_TRANSFER_GREETING",
+           "PROBE_TIMEOUT_S"]
+
+#: What every HTTP/2 client sends first (RFC 9113, section 3.4).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: An empty SETTINGS frame: length 0, type 4, no flags, stream 0. gRPC's client sends one after the
+#: preface, and some HTTP/2 servers wait for it before they answer.
+_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+#: What a worker's data-transfer server answers to an HTTP/2 preface (or any text) before it closes.
+DATA_TRANSFER_GREETING = b"dataservice data-transfer port\n"
+#: Bound on connecting and on waiting for the first bytes. A server on a LAN answers in
+#: milliseconds; one slower than this is called UNREACHABLE or SILENT, on which callers keep
+#: retrying, so a slow network costs a clear message, never a wrong verdict.
+PROBE_TIMEOUT_S = 1.0
+#: Enough for an HTTP/1 status line or an HTML page's title.
+_MAX_ANSWER_BYTES = 1024
+
+
+class EndpointKind(enum.Enum):
+    """What a probe found at an address; see the module docstring."""
+
+    UNREACHABLE = "unreachable"
+    GRPC = "gRPC"
+    DATA_TRANSFER = "data-transfer port"
+    TLS = "TLS"
+    NOT_GRPC = "not gRPC"
+    SILENT = "silent"
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """The outcome of ``probe_endpoint``."""
+
+    kind: EndpointKind
+    #: For NOT_GRPC, what the peer sent, to follow "it answered": its HTTP status line quoted, say.
+    answer: str = ""
+
+
+def _is_settings_frame(data: bytes) -> bool:
+    # An HTTP/2 server's first frame must be SETTINGS: a 9-byte header with type 4 on stream 0,
+    # and a payload of 6-byte entries. No text protocol's first bytes look like that.
+    if len(data) < 9:
+        return False
+    length = int.from_bytes(data[:3], "big")
+    return data[3] == 0x04 and data[5:9] == b"\x00\x00\x00\x00" and length % 6 == 0
+
+
+def _complete(data: bytes) -> bool:
+    """Whether ``data`` already says enough to classify the peer."""
+    return (_is_settings_frame(data) or _is_tls(data) or data.startswith(DATA_TRANSFER_GREETING)
+            or b"</title>" in data.lower() or (b"\n" in data and not data.lstrip().startswith(b"<")))
+
+
+def _is_tls(data: bytes) -> bool:
+    # A TLS record: content type 21 (alert) or 22 (handshake), then version 3.x.
+    return len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 0x03
+
+
+def _summary(data: bytes) -> str:
+    """What an answer was, to follow "it answered": its HTTP status line, an HTML page's title,
+    its first line, or its first bytes."""
+    text = data.decode("latin-1")
+    status = re.search(r"^HTTP/\d(?:\.\d)? [^\r\n]*", text, re.M)
+    if status:
+        return repr(status.group(0).strip())
+    title = re.search(r"<title>\s*([^<]*?)\s*</title>", text, re.I)
+    if title:
+        return f"an HTML page titled {title.group(1)[:60]!r}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first and first.isprintable():
+        return repr(first[:80])
+    return repr(data[:24])  # binary: its first bytes, escaped
+
+
+def _read_answer(sock: socket.socket, deadline: float) -> bytes:
+    data = b""
+    while len(data) < _MAX_ANSWER_BYTES and not _complete(data):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(_MAX_ANSWER_BYTES - len(data))
+        except OSError:  # timeout or reset: what arrived before still counts
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def probe_endpoint(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
+    """Connects to ``address`` (``host:port`` or ``grpc://host:port``) once and says what answers there.
+
+    Takes at most about ``2 * timeout_s`` (connecting, then waiting for the first bytes), plus
+    the time to resolve the host name.
+    """
+    host, port = parse_address(address)
+    host = host.strip("[]")  # an IPv6 literal's brackets belong to the address syntax, not the host
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError:  # refused, unresolvable, unroutable, or no answer to the SYN
+        return Probe(EndpointKind.UNREACHABLE)
+    with sock:
+        try:
+            sock.sendall(HTTP2_PREFACE + _EMPTY_SETTINGS)
+        except OSError:
+            pass  # it may have spoken and closed first: read what it said
+        data = _read_answer(sock, time.monotonic() + timeout_s)
+    if not data:
+        return Probe(EndpointKind.SILENT)
+    if _is_settings_frame(data):
+        return Probe(EndpointKind.GRPC)
+    if data.startswith(DATA_TRANSFER_GREETING.rstrip(b"\n")):
+        return Probe(EndpointKind.DATA_TRANSFER)
+    if _is_tls(data):
+        return Probe(EndpointKind.TLS)
+    return Probe(EndpointKind.NOT_GRPC, _summary(data))
