@@ -134,6 +134,7 @@ class IterationReader:
         self._failing: dict[int, tuple[float, str]] = {}
         self._warned: set[int] = set()
         self._task_addresses: dict[int, str] = {}
+        self._answered_at: dict[int, float] = {}  # per task, when its worker last answered (monotonic)
         # Delivery bookkeeping, keyed by (stream, split): offsets received, split sizes, what
         # changed since the last heartbeat, and revoked tasks we no longer read from.
         self._received: dict[tuple[int, int], OffsetSet] = {}
@@ -199,8 +200,7 @@ class IterationReader:
         timeout_ms = int(self._timeout_s * 1000)
         with self._lock:
             waiting = [t for t in self._fetchers if t not in self._finished_tasks and t not in self._revoked]
-            tried = [f"worker {self._task_addresses[t]}: "
-                     f"{self._failing[t][1] if t in self._failing else 'no answer yet'}" for t in waiting]
+            tried = [f"worker {self._task_addresses.get(t, '?')}: {self._why_silent(t)}" for t in waiting]
         if not tried:
             return (f"no worker served this job for {timeout_ms} ms: no worker has a task of it. Is any worker "
                     f"registered with dispatcher {self._dispatcher.address}? (dataservice status --dispatcher "
@@ -208,6 +208,16 @@ class IterationReader:
         return (f"no worker answered for {timeout_ms} ms (timeout_ms); tried {'; '.join(tried)}. Check that this "
                 f"client can reach the address each worker advertises (dataservice worker --worker-address) and "
                 f"that the workers are not stopped or stuck")
+
+    def _why_silent(self, task_id: int) -> str:
+        """What went wrong with a task's worker, for the message above (under the lock)."""
+        if task_id in self._failing:
+            return self._failing[task_id][1]
+        if task_id in self._answered_at:
+            # It answered, then went quiet (say, SIGSTOPped): the connection is open but nothing comes.
+            silent_ms = int((time.monotonic() - self._answered_at[task_id]) * 1000)
+            return f"no answer for {silent_ms} ms since its last one (stopped or stuck?)"
+        return "no answer yet"
 
     def close(self) -> None:
         """Stops fetching and releases this client at the dispatcher."""
@@ -224,6 +234,9 @@ class IterationReader:
             self._dispatcher.release_iteration_client(self.client_id)
         except errors.DataServiceError as exc:
             log.info("could not release client %d: %s", self.client_id, exc)
+        # The reader owns its dispatcher client from here on: closing it now, while grpc is alive (the
+        # exit hook closes readers first), leaves nothing for a generator finalized after teardown.
+        self._dispatcher.close()
 
     def __del__(self) -> None:
         try:
@@ -257,15 +270,18 @@ class IterationReader:
                 # then on what we report holding of their splits is final.
                 fresh = not self._revoked.issuperset(response.revoked_tasks)  # to confirm at once
                 self._revoked.update(response.revoked_tasks)
-                if response.iteration_finished and not self._fetchers:
+                if response.iteration_finished and not self._fetchers and self._joined_existing:
                     # We joined an iteration other readers of the job already read to its end: its
-                    # workers may have dropped its tasks. End of input at once, as tf.data does.
+                    # workers may have dropped its tasks. End of input at once, as tf.data does. (An
+                    # iteration this reader created ends through its tasks, whose workers keep them for
+                    # us: they may have failed at once, and the reader must raise their error.)
                     self._warn_if_read_by_others()
                     self._out.put(_END)
                     return
                 new = [t for t in response.tasks if t.task_id not in self._fetchers and t.task_id not in self._revoked]
                 self._credits.fetchers = max(1, len(self._fetchers) + len(new) - len(self._finished_tasks))
                 for task in new:
+                    self._task_addresses[task.task_id] = task.worker_address  # before any message needs it
                     thread = threading.Thread(target=self._fetch, args=(task,),
                                               name=f"dataservice-fetch-{task.task_id}", daemon=True)
                     self._fetchers[task.task_id] = thread
@@ -327,24 +343,24 @@ class IterationReader:
         return keep
 
     def _answered(self, task_id: int) -> None:
-        self._last_answer = time.monotonic()
+        self._last_answer = self._answered_at[task_id] = time.monotonic()
         if task_id in self._failing:
             with self._lock:
                 self._failing.pop(task_id, None)
 
-    def _failed(self, task: dispatcher_pb2.TaskDef, where: str, exc: TransientError) -> None:
+    def _failed(self, task: dispatcher_pb2.TaskDef, exc: TransientError) -> None:
         """Remembers why a worker did not answer; warns once when it stays unreachable."""
         now = time.monotonic()
         with self._lock:
             since = self._failing.get(task.task_id, (now, ""))[0]
-            self._failing[task.task_id] = (since, f"{where}: {exc}")
+            self._failing[task.task_id] = (since, str(exc))
             warn = now - since >= UNREACHABLE_WARNING_S and task.task_id not in self._warned
             if warn:
                 self._warned.add(task.task_id)
         if warn and not self._stop.is_set():
-            log.warning("cannot reach worker %s at %s for %.1f s (%s). Check that this client can reach the address "
+            log.warning("cannot reach worker %s for %.1f s (%s). Check that this client can reach the address "
                         "the worker advertises (dataservice worker --worker-address); reading fails if no worker "
-                        "answers for timeout_ms=%d", task.worker_address, where, now - since, exc,
+                        "answers for timeout_ms=%d", task.worker_address, now - since, exc,
                         int(self._timeout_s * 1000))
 
     def _fetch(self, task: dispatcher_pb2.TaskDef) -> None:
@@ -374,7 +390,7 @@ class IterationReader:
                     if exc.answered:
                         self._answered(task_id)
                     else:
-                        self._failed(task, transport.address, exc)
+                        self._failed(task, exc)
                     self._stop.wait(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, 1.0)
                     continue

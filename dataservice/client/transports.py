@@ -80,8 +80,6 @@ class ReceivedFrame:
 
 class GrpcTransport:
     def __init__(self, worker_address: str):
-        #: Where this transport reads from, for messages.
-        self.address = worker_address
         self._what = f"worker {worker_address}"
         self._channel = make_channel(channel_address(worker_address, "worker"))
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
@@ -174,8 +172,6 @@ class TcpTransport:
 
     def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True):
         self._address = parse_address(data_address, "data transfer")
-        #: Where this transport reads from, for messages.
-        self.address = data_address
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None

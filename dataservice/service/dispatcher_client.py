@@ -67,7 +67,11 @@ class DispatcherClient:
         self._silent_note = ""
 
     def close(self) -> None:
-        """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError."""
+        """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError.
+        Idempotent: a second close (say, by a generator finalized at interpreter exit, when grpc's
+        modules are already torn down) does nothing."""
+        if self._closed:
+            return
         self._closed = True
         self._channel.close()
 

@@ -1,0 +1,236 @@
+"""Every ```python block of README.md runs as pasted.
+
+Each block is written to a file in a fresh temporary directory and run there with
+``sys.executable`` in a process of its own (``PYTHONPATH`` = this checkout, a timeout of
+60 s); it must exit with code 0 and print no Python traceback on stderr. A worker's log
+line about a user function that failed (``task ... failed: Traceback on worker ...``) is
+output the README shows on purpose and is allowed; ``Traceback (most recent call last)``
+and ``Exception ignored`` are not.
+
+Blocks come in four kinds, told apart by their text:
+
+- **standalone** blocks (most): run as they are;
+- **cluster** blocks mention ``localhost:5050``, the cluster the README tells readers to
+  start with ``dataservice local --port 5050 --workers 2``. The test starts
+  ``python -m dataservice local --port 0 --workers 2`` once, from ``/`` (so its workers
+  have no copy of any snippet's files), reads its port from the line it prints
+  (``local cluster: grpc://localhost:PORT with 2 workers``) and replaces every
+  ``localhost:5050`` in the block's text with ``localhost:PORT`` before running it;
+- **file** blocks start with ``# file: PATH``: the files of the example project. They are
+  all written into one project directory (with an empty ``__init__.py`` in each package
+  directory, as the README's layout shows); those whose first line also says
+  ``run: python PATH`` are then run from that directory, twice, and must print the same
+  dataset id (their first output line) both times;
+- **process** blocks start with ``# process 1`` / ``# process 2``: process 1 is started,
+  the dataset id it prints first is passed to process 2 as ``sys.argv[1]``, as the README
+  says, and the two must together read every element once.
+
+A top-level ``print(...)`` whose comment starts like a value (``# [1, 2]``, ``# True 49``)
+must print exactly that line.
+
+Example::
+
+    $ python -m pytest tests/test_readme.py
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+#: The longest one snippet may run.
+SNIPPET_TIMEOUT_S = 60.0
+#: The longest the local cluster may take to print where it listens.
+START_TIMEOUT_S = 30.0
+README_PORT = "localhost:5050"
+
+_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+_FILE_HEADER = re.compile(r"^# file: (\S+)(?:.*\brun: python (\S+))?")
+_CLUSTER_LINE = re.compile(r"^local cluster: grpc://localhost:(\d+) with \d+ workers?$")
+_PRINT_WITH_VALUE = re.compile(r"^print\(.*\)\s+# ((?:[\[(\d'\"]|True\b|False\b|None\b).*)$")
+_PYTHON_TRACEBACK = re.compile(r"^(Traceback \(most recent call last\)|Exception ignored)", re.M)
+
+
+def _blocks() -> list[str]:
+    return _BLOCK.findall(README.read_text())
+
+
+def _kind(block: str) -> str:
+    first = block.splitlines()[0] if block.strip() else ""
+    if _FILE_HEADER.match(first):
+        return "file"
+    if first.startswith(("# process 1", "# process 2")):
+        return "process"
+    if README_PORT in block:
+        return "cluster"
+    return "standalone"
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GRPC_VERBOSITY", "GRPC_TRACE")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _expected_lines(block: str) -> list[str]:
+    return [m.group(1).strip() for m in map(_PRINT_WITH_VALUE.match, block.splitlines()) if m]
+
+
+def _check(result: subprocess.CompletedProcess, block: str, what: str) -> None:
+    details = f"{what} failed (exit code {result.returncode}).\n--- block ---\n{block}\n" \
+              f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+    assert result.returncode == 0, details
+    assert not _PYTHON_TRACEBACK.search(result.stderr), details
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    for expected in _expected_lines(block):
+        assert expected in lines, f"the README says this prints {expected!r}\n{details}"
+
+
+def _run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script.name, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=SNIPPET_TIMEOUT_S)
+
+
+def _for_cluster(block: str, port: int) -> str:
+    return block.replace(README_PORT, f"localhost:{port}")
+
+
+class _Lines:
+    """A process's stdout lines, collected on a thread so that waiting for one has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def next(self, timeout_s: float) -> Optional[str]:
+        try:
+            line = self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        return line
+
+    def rest(self) -> list[str]:
+        out = []
+        while True:
+            line = self.lines.get(timeout=SNIPPET_TIMEOUT_S)
+            if line is None:
+                return out
+            out.append(line)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster_port(tmp_path_factory):
+    """``dataservice local --port 0 --workers 2``, started from ``/``; yields its port."""
+    log = tmp_path_factory.mktemp("cluster") / "stderr.txt"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "dataservice", "local", "--port", "0", "--workers", "2"],
+                                cwd="/", env=_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        lines = _Lines(proc)
+        line = lines.next(START_TIMEOUT_S)
+        match = _CLUSTER_LINE.match(line or "")
+        assert match, f"the local cluster printed {line!r}; stderr:\n{log.read_text()}"
+        yield int(match.group(1))
+    finally:
+        _stop(proc)
+
+
+def test_the_readme_has_every_kind_of_block():
+    kinds = [_kind(b) for b in _blocks()]
+    assert kinds.count("standalone") >= 4
+    assert kinds.count("process") == 2
+    assert kinds.count("file") >= 2
+    assert any(_FILE_HEADER.match(b).group(2) for b in _blocks() if _kind(b) == "file")
+
+
+@pytest.mark.parametrize("index", [i for i, b in enumerate(_blocks()) if _kind(b) in ("standalone", "cluster")])
+def test_a_block_runs_as_pasted(index, tmp_path, request):
+    block = _blocks()[index]
+    if _kind(block) == "cluster":
+        block = _for_cluster(block, request.getfixturevalue("cluster_port"))
+    script = tmp_path / "snippet.py"
+    script.write_text(block)
+    _check(_run(script, cwd=tmp_path), block, f"README block {index}")
+
+
+def test_the_example_project_runs_on_workers_that_lack_its_files(tmp_path, cluster_port):
+    project = tmp_path / "project"
+    scripts = []
+    for block in (b for b in _blocks() if _kind(b) == "file"):
+        name, run = _FILE_HEADER.match(block.splitlines()[0]).groups()
+        path = project / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_for_cluster(block, cluster_port))
+        for package in path.relative_to(project).parents:
+            if package != Path("."):
+                (project / package / "__init__.py").touch()
+        if run:
+            scripts.append((project / run, block))
+    assert scripts
+    for script, block in scripts:
+        first, again = (_run(script, cwd=project) for _ in range(2))
+        _check(first, block, f"{script.name} (first run)")
+        _check(again, block, f"{script.name} (second run)")
+        dataset_id = first.stdout.split()[0]
+        assert dataset_id.isdigit(), first.stdout
+        assert again.stdout.split()[0] == dataset_id  # the same code, another process: the same id
+
+
+def test_process_2_reads_with_the_dataset_id_process_1_prints(tmp_path, cluster_port):
+    blocks = {_blocks()[i].splitlines()[0][:11]: _for_cluster(_blocks()[i], cluster_port)
+              for i, b in enumerate(_blocks()) if _kind(b) == "process"}
+    one, two = tmp_path / "process1.py", tmp_path / "process2.py"
+    one.write_text(blocks["# process 1"])
+    two.write_text(blocks["# process 2"])
+    stderr_file = tmp_path / "process1.stderr"
+    with open(stderr_file, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, one.name], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                                stderr=stderr, text=True)
+    try:
+        lines = _Lines(proc)
+        dataset_id = lines.next(SNIPPET_TIMEOUT_S)
+        assert dataset_id and dataset_id.isdigit(), f"process 1 printed {dataset_id!r} first"
+        second = _run(two, dataset_id, cwd=tmp_path)  # started as soon as the id is known
+        rest = lines.rest()
+        proc.wait(timeout=SNIPPET_TIMEOUT_S)
+        first = subprocess.CompletedProcess(proc.args, proc.returncode, "\n".join([dataset_id, *rest]),
+                                            stderr_file.read_text())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _check(first, blocks["# process 1"], "process 1")
+    _check(second, blocks["# process 2"], "process 2")
+    counts = [int(m.group(1)) for out in (first.stdout, second.stdout)
+              for m in [re.search(r"read (\d+) elements", out)] if m]
+    assert len(counts) == 2, (first.stdout, second.stdout)
+    assert sum(counts) == 1_000_000, counts  # together: every element once
