@@ -1,10 +1,13 @@
-"""Helpers for the tests of the fault-tolerant dispatcher's journal (test_journal.py,
-test_dispatcher_fault_tolerance.py)."""
+"""Helpers for the tests of the dispatcher's state and journal (test_journal.py,
+test_dispatcher_fault_tolerance.py, test_dispatcher_state.py, test_job_names.py): replaying a
+journal, comparing states, and driving a ``DispatcherCore`` without a network — a fake clock
+and a recorder of the updates it commits."""
 
 from __future__ import annotations
 
 import os
 
+from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.journal import Journal
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.proto import state_pb2
@@ -32,3 +35,33 @@ def fail_writes(journal: Journal) -> None:
         os.dup2(full, journal._fd)
     finally:
         os.close(full)
+
+
+class FakeClock:
+    """Time for a ``DispatcherCore(clock=...)`` that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Recorder:
+    """Keeps every update the core commits, in order: a journal without the files."""
+
+    def __init__(self, core: DispatcherCore):
+        self.updates: list[state_pb2.Update] = []
+        commit = core._commit
+
+        def recording_commit(update):
+            self.updates.append(state_pb2.Update.FromString(update.SerializeToString()))
+            commit(update)
+
+        core._commit = recording_commit
+
+    def kinds(self) -> set[str]:
+        return {u.WhichOneof("kind") for u in self.updates}

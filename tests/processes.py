@@ -30,7 +30,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: A loaded machine starts a Python process with grpc and numpy in a second or two.
@@ -454,3 +456,19 @@ class BackgroundReader:
         if self.error is not None:
             raise self.error
         return self.items
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """A ``Processes`` whose every process is killed after the test; registered in tests/conftest.py."""
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.close()
+        # Readers end their threads once the read ends or fails: one left running, or an exception in
+        # one, is reported here, in the test that caused it, rather than in a later one.
+        assert wait_for_client_threads() == []
+        for proc in processes.procs:  # shown by pytest when the test failed
+            print(f"===== {' '.join(proc.args[1:])} (exit {proc.popen.returncode})\n"
+                  f"stdout: {''.join(proc.lines[-10:])}\nstderr (tail): {proc.stderr[-3000:]}")

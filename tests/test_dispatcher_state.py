@@ -14,36 +14,9 @@ from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
+from tests.journals import FakeClock, Recorder
 
 PE, DE = state_pb2.PARALLEL_EPOCHS, state_pb2.DISTRIBUTED_EPOCH
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Recorder:
-    """Wraps ``core._commit`` to keep every update the core applies, in order."""
-
-    def __init__(self, core: DispatcherCore):
-        self.updates: list[state_pb2.Update] = []
-        commit = core._commit
-
-        def recording_commit(update):
-            self.updates.append(state_pb2.Update.FromString(update.SerializeToString()))
-            commit(update)
-
-        core._commit = recording_commit
-
-    def kinds(self) -> set[str]:
-        return {u.WhichOneof("kind") for u in self.updates}
 
 
 @pytest.fixture

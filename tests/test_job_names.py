@@ -17,38 +17,13 @@ from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
 from tests.cluster import TestCluster, wait_until
-from tests.journals import comparable, replay
+from tests.journals import FakeClock, Recorder, comparable, replay
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 PE, DE = state_pb2.PARALLEL_EPOCHS, state_pb2.DISTRIBUTED_EPOCH
 GC_TIMEOUT_S = 10.0
 CONFIG = DispatcherConfig(job_gc_timeout_ms=int(GC_TIMEOUT_S * 1000), client_timeout_ms=5_000)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Recorder:
-    """Keeps every update the core commits, in order: a journal without the files."""
-
-    def __init__(self, core: DispatcherCore):
-        self.updates: list[state_pb2.Update] = []
-        commit = core._commit
-
-        def recording_commit(update):
-            self.updates.append(state_pb2.Update.FromString(update.SerializeToString()))
-            commit(update)
-
-        core._commit = recording_commit
 
 
 @pytest.fixture

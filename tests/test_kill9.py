@@ -23,7 +23,7 @@ import pytest
 
 from dataservice import Dataset, distribute, errors
 from tests.processes import (BackgroundReader, Processes, Server, free_port, slow_identity, tag_with_pid,
-                             wait_for_client_threads, wait_for_workers, wait_until)
+                             wait_for_workers, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 
@@ -33,22 +33,6 @@ N = 30_000
 CLIENT_TIMEOUT_MS = 30_000
 #: The longest a read (or its remainder after a kill) may take.
 READ_TIMEOUT_S = 30.0
-
-
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.close()
-        # Readers end their threads once the read ends or fails: an exception in one of them is
-        # then reported here, in the test that caused it, rather than in a later one.
-        wait_for_client_threads()
-        # Shown by pytest when the test failed.
-        for proc in processes.procs:
-            print(f"===== {' '.join(proc.args[1:])} (exit {proc.popen.returncode})\n"
-                  f"stdout: {''.join(proc.lines[-10:])}\nstderr (tail): {proc.stderr[-3000:]}")
 
 
 def cluster(procs: Processes, num_workers: int, *dispatcher_flags: str, **kwargs) -> tuple[Server, list[Server]]:

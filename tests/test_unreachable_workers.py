@@ -30,8 +30,7 @@ import pytest
 
 from dataservice import Dataset, distribute, errors
 from tests.cluster import TestCluster, free_port
-from tests.processes import (BackgroundReader, Processes, slow_identity, wait_for_client_threads,
-                             wait_for_workers)
+from tests.processes import BackgroundReader, slow_identity, wait_for_client_threads, wait_for_workers
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -250,19 +249,6 @@ def test_no_worker_raises_within_timeout_saying_no_worker_has_a_task(cluster0):
 
 
 # --- real processes ---------------------------------------------------------------------------
-
-@pytest.fixture
-def procs(tmp_path):
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.close()
-        assert wait_for_client_threads() == []
-        for proc in processes.procs:  # shown by pytest when the test failed
-            print(f"===== {' '.join(proc.args[1:])} (exit {proc.popen.returncode})\n"
-                  f"stdout: {''.join(proc.lines[-10:])}\nstderr (tail): {proc.stderr[-3000:]}")
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", [None, "grpc"], ids=["default-data-path", "grpc"])

@@ -23,7 +23,6 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
@@ -196,12 +195,6 @@ def test_follow_supervisor_does_nothing_without_a_supervisor(monkeypatch: pytest
 
 
 # --- real processes -------------------------------------------------------------------------
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    with Processes(tmp_path) as processes:
-        yield processes
-
 
 def read_tagged(dispatcher: Server, mode: str, n: int) -> list[tuple[int, int]]:
     """``range(n).map(tag_with_pid)`` through ``distribute``: (element, pid of the worker process) pairs."""

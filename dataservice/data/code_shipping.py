@@ -70,6 +70,12 @@ def _names(modules: Iterable[ModuleLike], what: str) -> list[str]:
     return names
 
 
+def _choose(names: list[str], chosen: set[str], other: set[str]) -> None:
+    with _lock:
+        chosen.update(names)
+        other.difference_update(names)
+
+
 def ship_by_value(*modules: ModuleLike) -> None:
     """Ships these modules (or packages, with their submodules) by value, whatever the rule says:
     for your own code that happens to be installed on this machine (``pip install -e .``) but not
@@ -79,10 +85,7 @@ def ship_by_value(*modules: ModuleLike) -> None:
 
         >>> dataservice.ship_by_value("myproject")
     """
-    names = _names(modules, "ship_by_value")
-    with _lock:
-        _by_value.update(names)
-        _by_reference.difference_update(names)
+    _choose(_names(modules, "ship_by_value"), _by_value, _by_reference)
 
 
 def ship_by_reference(*modules: ModuleLike) -> None:
@@ -94,10 +97,7 @@ def ship_by_reference(*modules: ModuleLike) -> None:
 
         >>> dataservice.ship_by_reference("company_internal")
     """
-    names = _names(modules, "ship_by_reference")
-    with _lock:
-        _by_reference.update(names)
-        _by_value.difference_update(names)
+    _choose(_names(modules, "ship_by_reference"), _by_reference, _by_value)
 
 
 def _override(name: str) -> Union[bool, None]:
