@@ -149,8 +149,6 @@ def is_shipped_by_value(module: types.ModuleType) -> bool:
     top = name.partition(".")[0]
     if top in _ALWAYS_BY_REFERENCE or top in sys.builtin_module_names or top in sys.stdlib_module_names:
         return False
-    if top in _installed_top_levels():
-        return False
     files = _files(module)
     if not files:
         return False  # built-in, frozen or made at run time: nothing to ship
@@ -160,7 +158,9 @@ def is_shipped_by_value(module: types.ModuleType) -> bool:
         real = os.path.realpath(file)
         if any(real.startswith(d) for d in _library_dirs()):
             return False
-    return True
+    # Last: the first call reads every installed distribution's metadata (about 20 ms), which
+    # only modules outside the library directories need (editable installs, dist-info on PYTHONPATH).
+    return top not in _installed_top_levels()
 
 
 def shipped_modules() -> list[types.ModuleType]:
