@@ -54,6 +54,7 @@ import dataservice
 from dataservice import errors
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.addresses import channel_address, target
+from dataservice.service.auth import ClusterAuth, read_token_file
 from dataservice.service.config import DispatcherConfig, WorkerConfig
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.worker.processes import (WorkerProcesses, WorkerProcessesError, available_cpus, follow_supervisor,
@@ -134,6 +135,28 @@ def _add_dispatcher_address(parser: argparse.ArgumentParser) -> None:
                         help="the dispatcher's address, as host:port or grpc://host:port")
 
 
+def _add_auth_token_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--auth-token-file", metavar="PATH", default=None,
+                        help="file holding the cluster's shared auth token; every member (dispatcher, workers, "
+                             "clients) needs the same one (default: $DATASERVICE_AUTH_TOKEN, then the file named "
+                             "by $DATASERVICE_AUTH_TOKEN_FILE; none: no authentication, loopback only)")
+
+
+def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
+    _add_auth_token_file(parser)
+    parser.add_argument("--host", default=None, metavar="HOST",
+                        help="interface to listen on: localhost (the default: this machine only), 0.0.0.0 or :: "
+                             "for every interface, which needs an auth token or --insecure")
+    parser.add_argument("--insecure", action="store_true",
+                        help="listen beyond localhost without an auth token: anyone who reaches the port can run "
+                             "code on the workers (a warning on every start)")
+
+
+def _auth_token(args: argparse.Namespace) -> Optional[str]:
+    """The token of --auth-token-file; None leaves the environment to the configs."""
+    return read_token_file(args.auth_token_file) if getattr(args, "auth_token_file", None) else None
+
+
 def _add_log_level(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL",
                         help=f"logging level on stderr: one of {', '.join(_LOG_LEVELS)} (default: INFO)")
@@ -185,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dispatcher", help="run a dispatcher",
         description="Run a dispatcher: it registers datasets, creates jobs and assigns their tasks to workers.")
     _add_dispatcher_flags(dispatcher, default_port=5050)
+    _add_listen_flags(dispatcher)
     _add_log_level(dispatcher)
     dispatcher.set_defaults(_parser=dispatcher)
 
@@ -204,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "with --port 0), --worker-address must contain %%port%%, and a process that dies is "
                              "restarted on its port (default: 1)")
     _add_worker_timing_flags(worker)
+    _add_listen_flags(worker)
     _add_log_level(worker)
     worker.set_defaults(_parser=worker)
 
@@ -211,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="show a dispatcher's workers, datasets and jobs",
         description="Show the workers, datasets and jobs a dispatcher knows about.")
     _add_dispatcher_address(status)
+    _add_auth_token_file(status)
     status.add_argument("--json", action="store_true",
                         help='print JSON with the keys "workers", "datasets" and "jobs" instead of tables')
     status.add_argument("--timeout-ms", type=_positive_ms, metavar="N", default=STATUS_TIMEOUT_MS,
@@ -225,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="number of workers to start (default: 2)")
     _add_dispatcher_flags(local, default_port=5050)
     _add_worker_timing_flags(local)
+    _add_listen_flags(local)
     _add_log_level(local)
     local.set_defaults(_parser=local)
     return parser
@@ -239,7 +266,8 @@ def dispatcher_config(args: argparse.Namespace):
     return DispatcherConfig(port=args.port, work_dir=args.work_dir, fault_tolerant_mode=args.fault_tolerant,
                             job_gc_check_interval_ms=args.job_gc_check_interval_ms,
                             job_gc_timeout_ms=args.job_gc_timeout_ms, worker_timeout_ms=args.worker_timeout_ms,
-                            client_timeout_ms=args.client_timeout_ms)
+                            client_timeout_ms=args.client_timeout_ms, host=args.host, auth_token=_auth_token(args),
+                            insecure=args.insecure)
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
@@ -250,7 +278,8 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
                         heartbeat_interval_ms=args.heartbeat_interval_ms,
                         dispatcher_timeout_ms=args.dispatcher_timeout_ms,
                         data_transfer_protocol=args.data_transfer_protocol,
-                        data_transfer_port=args.data_transfer_port)
+                        data_transfer_port=args.data_transfer_port, host=args.host, auth_token=_auth_token(args),
+                        insecure=args.insecure)
 
 
 # --- running servers ---------------------------------------------------------------------
@@ -375,6 +404,12 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
              "--log-level", args.log_level]
     if args.worker_address is not None:
         flags += ["--worker-address", args.worker_address]
+    if args.host is not None:
+        flags += ["--host", args.host]
+    if args.insecure:
+        flags.append("--insecure")
+    if args.auth_token_file:
+        flags += ["--auth-token-file", args.auth_token_file]  # the path, not the token: argv is public
     for flag, value in (("--heartbeat-interval-ms", args.heartbeat_interval_ms),
                         ("--dispatcher-timeout-ms", args.dispatcher_timeout_ms)):
         if value is not None:
@@ -518,15 +553,19 @@ def format_status(status: dict, out: TextIO) -> None:
 
 def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms)
+    try:
+        auth = ClusterAuth.resolve(_auth_token(args))
+    except ValueError as exc:
+        parser.error(str(exc))
+    client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth)
     try:
         response = client.get_status(timeout_s=args.timeout_ms / 1000)
     except errors.ServiceUnavailableError as exc:
         print(f"dataservice status: error: cannot reach the dispatcher at {args.dispatcher} within "
               f"{args.timeout_ms} ms ({_one_line(exc)})", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    except errors.WrongEndpointError as exc:
-        # A wrong --dispatcher, like a malformed one: the same exit code.
+    except (errors.WrongEndpointError, errors.PermissionDeniedError) as exc:
+        # A wrong --dispatcher or token, like a malformed one: the same exit code.
         print(f"dataservice status: error: {_one_line(exc)}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except errors.DataServiceError as exc:

@@ -13,6 +13,7 @@ The tree::
         ├── AlreadyExistsError            a job name reused with different parameters
         ├── InvalidRequestError           a server refused a request as malformed
         ├── WrongEndpointError            the address answers, but not as a dataservice dispatcher
+        ├── PermissionDeniedError         no cluster token, or another one (or a peer without it)
         ├── RemoteUserError               a user function raised on a worker
         └── WorkerEnvironmentError        a worker cannot load the pipeline
             ├── MissingModuleError        ... it lacks a module the pipeline imports
@@ -41,6 +42,7 @@ __all__ = [
     "MissingModuleError",
     "NotFoundError",
     "NotSplittableError",
+    "PermissionDeniedError",
     "PipelineError",
     "PipelineSerializationError",
     "RemoteUserError",
@@ -100,6 +102,11 @@ class InvalidRequestError(ServiceError):
 class WrongEndpointError(ServiceError):
     """The address answers, but it is not a dataservice dispatcher: a worker's port, or
     something that is not dataservice at all. The message says which."""
+
+
+class PermissionDeniedError(ServiceError):
+    """A server refused us for want of the cluster's auth token (none, or another one), or a peer
+    could not prove it holds the token; the message says which and how to set it."""
 
 
 class RemoteUserError(ServiceError):

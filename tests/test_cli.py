@@ -162,7 +162,8 @@ def test_worker_processes_get_every_flag_but_their_ports() -> None:
     args = parser.parse_args(
         ["worker", "--dispatcher", "d:1", "--port", "7000", "--worker-address", "h:%port%", "--processes", "3",
          "--heartbeat-interval-ms", "250", "--dispatcher-timeout-ms", "900", "--data-transfer-protocol", "grpc",
-         "--data-transfer-port", "7100", "--log-level", "DEBUG"])
+         "--data-transfer-port", "7100", "--log-level", "DEBUG", "--host", "0.0.0.0", "--insecure",
+         "--auth-token-file", "/run/secrets/token"])
     defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
     worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]
     dests = {a.dest for a in worker._actions if a.option_strings and a.dest != "help"}
@@ -244,7 +245,7 @@ def test_dispatcher_worker_status_and_read(spawn: Callable[..., Proc], cli_env: 
     # A second dispatcher on the same port: a clear error, not a traceback.
     clash = run_cli(cli_env, "dispatcher", "--port", str(port))
     assert clash.returncode == 1
-    assert f"dataservice dispatcher: error: cannot start: cannot bind [::]:{port}: the port is in use" in clash.stderr
+    assert f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{port}: the port is in use" in clash.stderr
     assert "Traceback" not in clash.stderr
 
     dataset = ds.Dataset.range(10).apply(ds.distribute("parallel_epochs", f"grpc://localhost:{port}",
@@ -340,7 +341,7 @@ def test_version_in_a_real_process(cli_env: dict) -> None:
 def test_a_taken_port_gives_one_line_and_no_grpc_log(cluster, cli_env: dict) -> None:
     result = run_cli(_env_without_grpc_settings(cli_env), "dispatcher", "--port", str(cluster.port))
     assert result.returncode == 1, result
-    assert result.stderr == (f"dataservice dispatcher: error: cannot start: cannot bind [::]:{cluster.port}: the port "
+    assert result.stderr == (f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{cluster.port}: the port "
                              f"is in use or the address is invalid\n")
     assert not GRPC_CORE_LOG_LINE.search(result.stderr) and "absl" not in result.stderr
     assert result.stdout == ""

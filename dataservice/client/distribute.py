@@ -23,6 +23,7 @@ from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorConte
 from dataservice.data.serialization import serialize_dataset
 from dataservice.proto import state_pb2
 from dataservice.service.addresses import channel_address
+from dataservice.service.auth import ClusterAuth
 from dataservice.service.dispatcher_client import DispatcherClient
 
 __all__ = ["distribute", "register_dataset", "from_dataset_id", "ShardingPolicy", "DEFAULT_TIMEOUT_MS"]
@@ -94,10 +95,12 @@ def _num_splits(dataset: Dataset) -> int:
         return -2
 
 
-def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> int:
+def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                     auth_token: Optional[str] = None) -> int:
     """Registers ``dataset`` with the dispatcher at ``service``; returns its id.
 
-    The same pipeline registered twice gets the same id.
+    The same pipeline registered twice gets the same id. ``auth_token`` is the cluster's token
+    (None: DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE).
 
     Example::
 
@@ -107,8 +110,9 @@ def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_T
     _parse_timeout(timeout_ms)
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, got {type(dataset).__name__}")
+    auth = ClusterAuth.resolve(auth_token)
     blob = serialize_dataset(dataset)
-    client = DispatcherClient(address, timeout_ms=timeout_ms)
+    client = DispatcherClient(address, timeout_ms=timeout_ms, auth=auth)
     try:
         return client.register_dataset(blob, _num_splits(dataset))
     finally:
@@ -122,7 +126,10 @@ class _DataServiceDataset(Dataset):
 
     def __init__(self, processing_mode: ProcessingMode, service: str, dataset_id: Optional[int],
                  job_name: Optional[str], max_outstanding_requests: Optional[int], timeout_ms: int,
-                 dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None):
+                 dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None,
+                 auth_token: Optional[str] = None):
+        self._auth_token = auth_token
+        self._auth = ClusterAuth.resolve(auth_token)
         self._mode = _parse_mode(processing_mode)
         self._protocol = _parse_protocol(data_transfer_protocol)
         self._address = _parse_service(service)
@@ -138,13 +145,16 @@ class _DataServiceDataset(Dataset):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        del state["_lock"], state["_repetitions"]
+        # No secret travels in a pickle: a copy resolves the token again where it is loaded.
+        del state["_lock"], state["_repetitions"], state["_auth"], state["_auth_token"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._repetitions = itertools.count()
+        self._auth_token = None
+        self._auth = ClusterAuth.resolve(None)
 
     def _describe(self) -> str:
         return f"distribute({'parallel_epochs' if self._mode == state_pb2.PARALLEL_EPOCHS else 'distributed_epoch'}" \
@@ -167,7 +177,7 @@ class _DataServiceDataset(Dataset):
             return self._dataset_id
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        client = DispatcherClient(self._address, timeout_ms=self._timeout_ms)
+        client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth)
         reader = None
         try:
             dataset_id = self._registered_id(client)
@@ -175,7 +185,7 @@ class _DataServiceDataset(Dataset):
             # A named job is shared: the k-th iteration of every reader is the same iteration.
             repetition = next(self._repetitions) if self._job_name else 0
             reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol,
-                                     timeout_ms=self._timeout_ms, job_name=self._job_name)
+                                     timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth)
             yield from reader
         finally:
             if reader is not None:
@@ -186,7 +196,8 @@ class _DataServiceDataset(Dataset):
 def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional[str] = None,
                max_outstanding_requests: Optional[int] = None,
                timeout_ms: int = DEFAULT_TIMEOUT_MS,
-               data_transfer_protocol: Optional[str] = None) -> Callable[[Dataset], Dataset]:
+               data_transfer_protocol: Optional[str] = None,
+               auth_token: Optional[str] = None) -> Callable[[Dataset], Dataset]:
     """A transformation for ``Dataset.apply`` that runs the pipeline so far on the service.
 
     Args:
@@ -201,8 +212,11 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
       data_transfer_protocol: None (default) for the fastest a worker offers: on this host, large
         arrays copied straight from its memory; else its TCP data-transfer server; else gRPC.
         "tcp" never reads a worker's memory; "grpc" always uses gRPC.
+      auth_token: the cluster's token; None reads DATASERVICE_AUTH_TOKEN, then the file named by
+        DATASERVICE_AUTH_TOKEN_FILE (so a training script needs no argument).
     """
     mode = _parse_mode(processing_mode)
+    ClusterAuth.resolve(auth_token)  # a bad token (too short, unreadable file) fails here, not mid-read
     _parse_protocol(data_transfer_protocol)
     _parse_service(service)
     _parse_job_name(job_name)
@@ -213,7 +227,8 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         if not isinstance(dataset, Dataset):
             raise TypeError(f"distribute applies to a Dataset, got {type(dataset).__name__}")
         return _DataServiceDataset(mode_name(mode), service, None, job_name, max_outstanding_requests, timeout_ms,
-                                   dataset=dataset, data_transfer_protocol=data_transfer_protocol)
+                                   dataset=dataset, data_transfer_protocol=data_transfer_protocol,
+                                   auth_token=auth_token)
 
     return apply
 
@@ -224,7 +239,8 @@ def mode_name(mode: int) -> str:
 
 def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: int, element_spec: Any = None,
                     job_name: Optional[str] = None, max_outstanding_requests: Optional[int] = None,
-                    timeout_ms: int = DEFAULT_TIMEOUT_MS, data_transfer_protocol: Optional[str] = None) -> Dataset:
+                    timeout_ms: int = DEFAULT_TIMEOUT_MS, data_transfer_protocol: Optional[str] = None,
+                    auth_token: Optional[str] = None) -> Dataset:
     """A Dataset reading the registered dataset ``dataset_id`` from the service.
 
     ``element_spec`` is accepted for tf.data compatibility and not needed: elements
@@ -237,4 +253,4 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: i
     if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
         raise ValueError(f"dataset_id must be a positive int returned by register_dataset, got {dataset_id!r}")
     return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms,
-                               data_transfer_protocol=data_transfer_protocol)
+                               data_transfer_protocol=data_transfer_protocol, auth_token=auth_token)

@@ -30,6 +30,7 @@ from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.proto import dispatcher_pb2, worker_pb2, worker_pb2_grpc
 from dataservice.service.addresses import channel_address, parse_address
+from dataservice.service.auth import NONCE_KEY, PROOF_KEY, ClusterAuth, check_proof, new_nonce
 from dataservice.service import cross_memory
 from dataservice.service.rpc import make_channel, translate
 from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCOLS
@@ -79,16 +80,27 @@ class ReceivedFrame:
 
 
 class GrpcTransport:
-    def __init__(self, worker_address: str):
+    def __init__(self, worker_address: str, auth: Optional[ClusterAuth] = None):
         self._what = f"worker {worker_address}"
-        self._channel = make_channel(channel_address(worker_address, "worker"))
+        self._auth = auth
+        self._channel = make_channel(channel_address(worker_address, "worker"), auth)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     def get(self, request: worker_pb2.GetElementsRequest) -> tuple[worker_pb2.ElementChunk, ReceivedFrame]:
         try:
             data = bytearray()
             head = None
-            for chunk in self._stub.GetElements(request, timeout=GRPC_ANSWER_TIMEOUT_S):
+            nonce = new_nonce() if self._auth is not None else None
+            call = self._stub.GetElements(request, timeout=GRPC_ANSWER_TIMEOUT_S,
+                                          metadata=((NONCE_KEY, nonce.hex()),) if nonce else None)
+            if nonce is not None:
+                # Before a byte of it is decoded (elements may be pickles): the worker must hold the token.
+                metadata = call.initial_metadata()
+                if PROOF_KEY not in dict(metadata or ()) and call.done():
+                    for _ in call:  # it failed before answering (unreachable, refused): raise why, below
+                        pass
+                check_proof(self._auth, nonce, metadata, f"GetElements from {self._what}")
+            for chunk in call:
                 if head is None:
                     head = chunk
                 data += chunk.data
@@ -170,8 +182,10 @@ class TcpTransport:
     (``dataservice.service.cross_memory``) rather than read from the socket.
     """
 
-    def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True):
+    def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True,
+                 auth: Optional[ClusterAuth] = None):
         self._address = parse_address(data_address, "data transfer")
+        self._auth = auth
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None
@@ -307,11 +321,11 @@ class TcpTransport:
 DATA_TRANSFER_PROTOCOLS = (None, *WORKER_PROTOCOLS)
 
 
-def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None, protocol: Optional[str] = None
-            ) -> Union[TcpTransport, GrpcTransport]:
+def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None, protocol: Optional[str] = None,
+            auth: Optional[ClusterAuth] = None) -> Union[TcpTransport, GrpcTransport]:
     """A transport to the task's worker: by default the fastest it offers (memory reads on this host, else
     TCP, else gRPC); ``protocol="tcp"`` never reads its memory, ``"grpc"`` uses gRPC. ``pool`` supplies
     TCP's receive buffers."""
     if task.data_address and protocol != "grpc":
-        return TcpTransport(task.data_address, pool, memory_reads=protocol is None)
-    return GrpcTransport(task.worker_address)
+        return TcpTransport(task.data_address, pool, memory_reads=protocol is None, auth=auth)
+    return GrpcTransport(task.worker_address, auth)

@@ -25,6 +25,8 @@ from dataservice.dispatcher.grpc_service import add_dispatcher_service
 from dataservice.dispatcher.journaled_store import JournaledStore
 from dataservice.service.config import DispatcherConfig
 from dataservice.service.lifecycle import Stage, stop_at_exit
+from dataservice.service.auth import ClusterAuth, warn_if_exposed
+from dataservice.service.config import bind_address
 from dataservice.service.rpc import create_server
 
 __all__ = ["DispatchServer"]
@@ -77,7 +79,9 @@ class DispatchServer:
         store = self._open_store() if self._config.fault_tolerant_mode else None
         try:
             core = DispatcherCore(self._config, store=store)
-            server, port = create_server(f"[::]:{self._config.port}", services=("dataservice.Dispatcher",))
+            server, port = create_server(bind_address(self._config.host, self._config.port),
+                                         services=("dataservice.Dispatcher",), auth=ClusterAuth.of(self._config),
+                                         what="the dispatcher")
         except BaseException:
             if store is not None:
                 store.close()
@@ -90,7 +94,8 @@ class DispatchServer:
         self._gc_thread = threading.Thread(target=self._gc_loop, name="dataservice-dispatcher-gc", daemon=True)
         self._gc_thread.start()
         stop_at_exit(self.stop, Stage.DISPATCHERS)
-        log.info("dispatcher listening on port %d", port)
+        warn_if_exposed(self._config, "dispatcher", port)
+        log.info("dispatcher listening on %s", bind_address(self._config.host, port))
 
     def _open_store(self) -> JournaledStore:
         """Replays the journal before anything is served. JournalError naming ``work_dir`` if it

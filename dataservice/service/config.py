@@ -3,20 +3,30 @@
 Durations carry their unit in the name. ``None`` means the documented default
 (resolved in the constructor, so a config always shows the values in force).
 
+Servers listen on loopback unless told otherwise (``host``); listening on other
+interfaces needs the cluster's auth token (``auth_token``, or the environment:
+``dataservice.service.auth``) or an explicit ``insecure=True``, because anyone
+who reaches a dispatcher or a worker can run code on the workers.
+
 Example::
 
     >>> DispatcherConfig(port=5050, work_dir="/var/lib/ds", fault_tolerant_mode=True)
     >>> WorkerConfig(dispatcher_address="grpc://localhost:5050", heartbeat_interval_ms=500)
+    >>> DispatcherConfig(host="0.0.0.0")
+    ValueError: the dispatcher would listen on '0.0.0.0' without an auth token: ...
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from typing import Optional
 
 from dataservice.service.addresses import channel_address
+from dataservice.service.auth import resolve_token
 
-__all__ = ["DispatcherConfig", "WorkerConfig", "DATA_TRANSFER_PROTOCOLS"]
+__all__ = ["DispatcherConfig", "WorkerConfig", "DATA_TRANSFER_PROTOCOLS", "DEFAULT_HOST", "is_loopback",
+           "bind_address"]
 
 _PROTOCOLS = ("grpc",)
 #: How a worker may send elements (``WorkerConfig.data_transfer_protocol``).
@@ -31,6 +41,46 @@ def _check_port(port: int) -> None:
 def _check_protocol(protocol: str) -> None:
     if protocol not in _PROTOCOLS:
         raise ValueError(f"protocol must be one of {_PROTOCOLS}, got {protocol!r}")
+
+
+#: The host a server listens on when none is given: this machine only.
+DEFAULT_HOST = "localhost"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` reaches this machine only ("localhost", 127.0.0.0/8, ::1)."""
+    host = host.strip("[]")
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_address(host: str, port: int) -> str:
+    """``host:port`` for a listener; "" and "::" mean every interface. "localhost" is 127.0.0.1: gRPC
+    would bind it on ::1 as well and start even if another process held 127.0.0.1's port."""
+    if host in ("", "::", "[::]"):
+        return f"[::]:{port}"
+    if host == "localhost":
+        return f"127.0.0.1:{port}"
+    return f"[{host.strip('[]')}]:{port}" if ":" in host.strip("[]") else f"{host}:{port}"
+
+
+def _check_access(config, what: str) -> None:
+    """Resolves the auth token and the host; refuses to expose an unauthenticated server."""
+    object.__setattr__(config, "auth_token", resolve_token(config.auth_token))
+    if config.host is None:
+        object.__setattr__(config, "host", DEFAULT_HOST)
+    elif not isinstance(config.host, str):
+        raise ValueError(f"host must be a host name or address to listen on, got {config.host!r}")
+    if not is_loopback(config.host) and config.auth_token is None and not config.insecure:
+        raise ValueError(
+            f"the {what} would listen on {config.host or 'every interface'!r} without an auth token: anyone who "
+            f"can reach it could run code on the workers. Set the cluster's token (auth_token=, "
+            f"DATASERVICE_AUTH_TOKEN or DATASERVICE_AUTH_TOKEN_FILE; --auth-token-file on the command line), "
+            f"or pass insecure=True (--insecure) on a network you trust")
 
 
 def _positive_ms(config, name: str, default: int) -> None:
@@ -55,6 +105,11 @@ class DispatcherConfig:
       job_gc_timeout_ms: a job no client has read for this long is collected (default 5 min).
       worker_timeout_ms: a worker silent for this long is considered lost (default 10 s).
       client_timeout_ms: a client silent for this long is considered gone (default 60 s).
+      host: the interface to listen on (default "localhost": this machine only; "0.0.0.0" or
+        "::" for every interface, which needs ``auth_token`` or ``insecure``).
+      auth_token: the cluster's shared secret; every call must carry it. None reads
+        DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE.
+      insecure: allow listening beyond loopback without a token (a warning on every start).
     """
 
     port: int = 0
@@ -65,10 +120,14 @@ class DispatcherConfig:
     job_gc_timeout_ms: Optional[int] = None
     worker_timeout_ms: Optional[int] = None
     client_timeout_ms: Optional[int] = None
+    host: Optional[str] = None
+    auth_token: Optional[str] = dataclasses.field(default=None, repr=False)
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
+        _check_access(self, "dispatcher")
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True requires work_dir: set work_dir to a directory "
                              "the dispatcher can write its journal to")
@@ -97,6 +156,8 @@ class WorkerConfig:
         socket fed straight from numpy buffers; a client on this host copies large
         arrays straight from the worker's memory instead) or "grpc" (through the gRPC port).
       data_transfer_port: the TCP data-transfer port; 0 picks a free one.
+      host, auth_token, insecure: as for ``DispatcherConfig``; the token is also what the
+        worker shows the dispatcher and what its clients must show it.
     """
 
     dispatcher_address: str
@@ -107,9 +168,13 @@ class WorkerConfig:
     dispatcher_timeout_ms: Optional[int] = None
     data_transfer_protocol: str = "tcp"
     data_transfer_port: int = 0
+    host: Optional[str] = None
+    auth_token: Optional[str] = dataclasses.field(default=None, repr=False)
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         channel_address(self.dispatcher_address, "dispatcher")
+        _check_access(self, "worker")
         _check_port(self.port)
         _check_port(self.data_transfer_port)
         if self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:

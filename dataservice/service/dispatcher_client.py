@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dataservice import errors
 from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
 from dataservice.service.addresses import channel_address
+from dataservice.service.auth import NONCE_KEY, ClusterAuth, check_proof, new_nonce
 from dataservice.service.endpoint_probe import EndpointKind, Probe, probe_endpoint
 from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel
 
@@ -51,11 +52,13 @@ _REPROBE_INTERVAL_S = 1.0
 
 
 class DispatcherClient:
-    def __init__(self, address: str, timeout_ms: int = 60_000, should_stop: Optional[Callable[[], bool]] = None):
+    def __init__(self, address: str, timeout_ms: int = 60_000, should_stop: Optional[Callable[[], bool]] = None,
+                 auth: Optional[ClusterAuth] = None):
         self.address = channel_address(address, "dispatcher")
         self._timeout_s = timeout_ms / 1000
         self._should_stop = should_stop
-        self._channel = make_channel(self.address)
+        self._auth = auth
+        self._channel = make_channel(self.address, auth)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._closed = False
         self._probe_lock = threading.Lock()
@@ -75,11 +78,22 @@ class DispatcherClient:
         self._closed = True
         self._channel.close()
 
-    def _call(self, name: str, request, timeout_s: Optional[float] = None, per_call_s: float = 30.0):
+    def _call(self, name: str, request, timeout_s: Optional[float] = None, per_call_s: float = 30.0,
+              proven: bool = False):
         method = getattr(self._stub, name)
         what = f"{name} to dispatcher {self.address}"
+
+        def call(remaining: float):
+            if not (proven and self._auth is not None):
+                return method(request, timeout=min(remaining, per_call_s))
+            nonce = new_nonce()
+            response, rpc = method.with_call(request, timeout=min(remaining, per_call_s),
+                                             metadata=((NONCE_KEY, nonce.hex()),))
+            check_proof(self._auth, nonce, rpc.initial_metadata(), what)
+            return response
+
         try:
-            return call_with_retry(lambda remaining: method(request, timeout=min(remaining, per_call_s)), what,
+            return call_with_retry(call, what,
                                    self._timeout_s if timeout_s is None else timeout_s, self._should_stop,
                                    diagnose=lambda exc: self._diagnose(exc, name))
         except errors.ServiceUnavailableError as exc:
@@ -96,7 +110,10 @@ class DispatcherClient:
             dataset_def=dataset_def, num_splits=num_splits)).dataset_id
 
     def get_dataset_def(self, dataset_id: int) -> bytes:
-        return self._call("GetDatasetDef", dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id)).dataset_def
+        """A registered pipeline, for a worker to load: with a token, only from a dispatcher that proved it
+        holds the token (what it sends is unpickled)."""
+        return self._call("GetDatasetDef", dispatcher_pb2.GetDatasetDefRequest(dataset_id=dataset_id),
+                          proven=True).dataset_def
 
     def get_or_create_job(self, dataset_id: int, processing_mode: int, job_name: str) -> int:
         return self._call("GetOrCreateJob", dispatcher_pb2.GetOrCreateJobRequest(

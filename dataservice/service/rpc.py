@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataservice import errors
+from dataservice.service.auth import AuthInterceptor, ClusterAuth, credential_metadata
 
 __all__ = ["create_server", "make_channel", "translate", "abort_with", "call_with_retry", "MAX_MESSAGE_BYTES",
            "CHUNK_BYTES", "RETRYABLE_CODES"]
@@ -49,14 +50,17 @@ _CHANNEL_OPTIONS = [
 T = TypeVar("T")
 
 
-def create_server(address: str, services: Sequence[str] = (), max_workers: int = 32) -> tuple[grpc.Server, int]:
+def create_server(address: str, services: Sequence[str] = (), max_workers: int = 32,
+                  auth: Optional[ClusterAuth] = None, what: str = "the server") -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``address`` (port 0 picks one) with the health service; not started.
 
     ``services`` are the full names (``package.Service``) the health service reports SERVING,
-    besides the server as a whole ("").
+    besides the server as a whole (""). With ``auth`` every other call must carry the cluster
+    credential (``dataservice.service.auth``); ``what`` names the server in refusals.
     """
+    interceptors = [AuthInterceptor(auth, what)] if auth is not None else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dataservice-rpc"),
-                         options=_CHANNEL_OPTIONS[:2] + [("grpc.so_reuseport", 0)])
+                         options=_CHANNEL_OPTIONS[:2] + [("grpc.so_reuseport", 0)], interceptors=interceptors)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc's way of saying the bind failed
@@ -71,8 +75,26 @@ def create_server(address: str, services: Sequence[str] = (), max_workers: int =
     return server, port
 
 
-def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+class _CredentialInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds the cluster credential to every call of a channel."""
+
+    def __init__(self, auth: ClusterAuth):
+        self._metadata = tuple(credential_metadata(auth))
+
+    def _details(self, details):
+        return details._replace(metadata=tuple(details.metadata or ()) + self._metadata)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+def make_channel(address: str, auth: Optional[ClusterAuth] = None) -> grpc.Channel:
+    """A channel to ``address``; with ``auth`` every call on it carries the cluster credential."""
+    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    return grpc.intercept_channel(channel, _CredentialInterceptor(auth)) if auth is not None else channel
 
 
 _TO_CODE = [
@@ -86,6 +108,7 @@ _TO_CODE = [
 ]
 
 _FROM_CODE = {
+    grpc.StatusCode.UNAUTHENTICATED: errors.PermissionDeniedError,
     grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidRequestError,

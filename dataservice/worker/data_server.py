@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 
 from dataservice.proto import worker_pb2
+from dataservice.service.auth import ClusterAuth
 from dataservice.service.cross_memory import address_of
 from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
@@ -89,8 +90,12 @@ def _error_response(kind: str, message: str) -> worker_pb2.ElementChunk:
 class DataServer:
     """Serves ``GetElements`` over plain TCP for ``worker``; see the module docstring."""
 
-    def __init__(self, worker: TaskSource, host: str = "", port: int = 0):
+    def __init__(self, worker: TaskSource, host: str = "", port: int = 0, auth: Optional[ClusterAuth] = None):
         self._worker = worker
+        self._auth = auth
+        host = host.strip("[]")
+        if host == "localhost":
+            host = "127.0.0.1"  # one listener; clients resolving "localhost" fall back to it
         self._listener = socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=True) \
             if socket.has_dualstack_ipv6() and host in ("", "::") else socket.create_server((host, port))
         self.port = self._listener.getsockname()[1]

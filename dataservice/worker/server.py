@@ -24,6 +24,8 @@ from dataservice.proto import dispatcher_pb2
 from dataservice.service.config import WorkerConfig
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.lifecycle import Stage, stop_at_exit
+from dataservice.service.auth import ClusterAuth, warn_if_exposed
+from dataservice.service.config import bind_address
 from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.grpc_service import add_worker_service
@@ -88,7 +90,9 @@ class WorkerServer:
         """Binds the port, starts serving and heartbeating; idempotent."""
         if self._server is not None:
             return
-        server, port = create_server(f"[::]:{self._config.port}", services=("dataservice.Worker",))
+        self._auth = ClusterAuth.of(self._config)
+        server, port = create_server(bind_address(self._config.host, self._config.port),
+                                     services=("dataservice.Worker",), auth=self._auth, what="the worker")
         self._port = port
         self.address = self._config.worker_address.replace("%port%", str(port))
         self._uid = uuid.uuid4().hex
@@ -97,18 +101,20 @@ class WorkerServer:
         self._server = server
         self.data_address = ""
         if self._config.data_transfer_protocol == "tcp":
-            self._data_server = DataServer(self, port=self._config.data_transfer_port)
+            self._data_server = DataServer(self, host=self._config.host, port=self._config.data_transfer_port,
+                                           auth=self._auth)
             self._data_server.start()
             host = self.address.rsplit(":", 1)[0]
             self.data_address = f"{host}:{self._data_server.port}"
         self._stopped.clear()
-        self._dispatcher = DispatcherClient(self._config.dispatcher_address,
+        self._dispatcher = DispatcherClient(self._config.dispatcher_address, auth=self._auth,
                                             timeout_ms=self._config.dispatcher_timeout_ms,
                                             should_stop=self._stopped.is_set)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="dataservice-worker-heartbeat",
                                                   daemon=True)
         self._heartbeat_thread.start()
         stop_at_exit(self.stop, Stage.WORKERS)
+        warn_if_exposed(self._config, "worker", port)
         log.info("worker listening on port %d as %s; dispatcher %s", port, self.address,
                  self._config.dispatcher_address)
         self._registered.wait(FIRST_HEARTBEAT_WAIT_S)
