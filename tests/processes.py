@@ -278,10 +278,11 @@ class Processes:
         """``python -c code args...``."""
         return self.spawn("-c", code, *args, name=name)
 
-    def status(self, dispatcher_port: int, timeout_s: float = 30.0) -> dict:
-        """``python -m dataservice status --json``."""
+    def status(self, dispatcher_port: int, timeout_s: float = 30.0, token_file: Optional[str] = None) -> dict:
+        """``python -m dataservice status --json`` (with ``--auth-token-file``, for a cluster with a token)."""
+        auth = ["--auth-token-file", token_file] if token_file else []
         result = subprocess.run([sys.executable, "-m", "dataservice", "status", "--dispatcher",
-                                 f"localhost:{dispatcher_port}", "--json"], capture_output=True, text=True,
+                                 f"localhost:{dispatcher_port}", "--json", *auth], capture_output=True, text=True,
                                 env=self.env, cwd=REPO, timeout=timeout_s)
         assert result.returncode == 0, f"status failed ({result.returncode}): {result.stderr}"
         return json.loads(result.stdout)

@@ -470,9 +470,14 @@ def test_tiny_compose_parser_agrees_with_yaml() -> None:
     assert _tiny_compose_commands(text) == expected
 
 
-def test_docker_compose_commands_parse() -> None:
+def test_docker_compose_commands_parse(tmp_path, monkeypatch) -> None:
     from client import train
 
+    # The compose secret, as the containers see it: servers listening on 0.0.0.0 need the token.
+    secret = tmp_path / "dataservice_token"
+    secret.write_text("a-test-token-for-the-compose-file\n")
+    monkeypatch.setenv("DATASERVICE_AUTH_TOKEN_FILE", str(secret))
+    monkeypatch.delenv("DATASERVICE_AUTH_TOKEN", raising=False)
     services = _compose_commands()
     assert set(services) == {"dispatcher", "worker1", "worker2", "client"}
     parser = cli.build_parser()
@@ -518,3 +523,7 @@ def test_dockerfile_and_compose_basics() -> None:
     compose = (REPO / "docker-compose.yml").read_text()
     assert "dockerfile: deploy/Dockerfile" in compose
     assert "dispatcher-data:/data" in compose  # the journal survives a restart of the container
+    # Every member gets the cluster token from a compose secret, never from the image or the file itself.
+    assert "DATASERVICE_AUTH_TOKEN_FILE: /run/secrets/dataservice_token" in compose
+    assert re.search(r"^secrets:\n  dataservice_token:\n    file: \./deploy/auth_token$", compose, re.M)
+    assert "deploy/auth_token" in (REPO / ".gitignore").read_text()

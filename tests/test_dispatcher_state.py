@@ -131,7 +131,7 @@ def test_tasks_are_created_for_every_worker_and_for_a_worker_joining_later(core)
     # A worker joining later gets a task for the running iteration, and the client sees it.
     (late,) = heartbeat(core, "w3:1").new_tasks
     assert late.iteration_id == it.iteration_id
-    seen = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id))
+    seen = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
     assert {t.worker_address for t in seen.tasks} == {"w1:1", "w2:1", "w3:1"}
     assert not seen.iteration_finished and seen.dispatcher_incarnation == core.incarnation
 
@@ -144,10 +144,10 @@ def test_restarted_worker_resumes_its_parallel_epochs_stream_after_the_clients_s
     # client may still be reading from the old one.
     assert not heartbeat(core, "w1:1", uid="second").new_tasks
     assert core.state.tasks[task_def.task_id].revoked
-    response = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, progress=[
+    response = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key, progress=[
         state_pb2.SplitProgress(stream_id=task_def.stream_id, split_index=0, ranges=[0, 7], total=-1)]))
     assert list(response.revoked_tasks) == [task_def.task_id]
-    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, stopped_tasks=[task_def.task_id]))
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key, stopped_tasks=[task_def.task_id]))
     # Now a new task takes over the same stream and skips what the client holds.
     (again,) = heartbeat(core, "w1:1", uid="second").new_tasks
     assert again.task_id != task_def.task_id
@@ -211,6 +211,37 @@ def test_empty_worker_address_is_refused(core):
         heartbeat(core, "")
 
 
+@pytest.mark.parametrize("address", ["no-port", "h:0", "h:99999", "x" * 300 + ":1", "grpc://h:1:2"])
+def test_malformed_or_oversized_worker_addresses_are_refused(core, address):
+    with pytest.raises(errors.InvalidRequestError, match="WorkerHeartbeat"):
+        heartbeat(core, address)
+    with pytest.raises(errors.InvalidRequestError, match="data_address"):
+        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address="w1:1", worker_uid="u", data_address=address))
+    assert core.state.workers == {}
+
+
+def test_a_stream_whose_worker_returns_after_its_iteration_ended_is_not_awaited(core, clock):
+    """parallel_epochs: a worker lost while the others finish ends the iteration without its copy;
+    when it comes back, the reader must not be told to wait for a task that will never come."""
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    it = iteration(core, job(core, register(core)))
+    tasks = {t.worker_address: t for t in (*heartbeat(core, "w1:1").new_tasks, *heartbeat(core, "w2:1").new_tasks)}
+    for _ in range(3):  # w2 silent for 12 s, past worker_timeout_ms: lost, its task revoked
+        clock.advance(4)
+        core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
+        heartbeat(core, "w1:1", current=[tasks["w1:1"].task_id])
+    core.collect_garbage()
+    assert core.state.tasks[tasks["w2:1"].task_id].revoked
+    heartbeat(core, "w1:1", current=[tasks["w1:1"].task_id], finished=[tasks["w1:1"].task_id])
+    beat = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key,
+                                                           stopped_tasks=[tasks["w2:1"].task_id]))
+    assert beat.iteration_finished
+    heartbeat(core, "w2:1")  # back: its stream is still pending, but the iteration is over
+    beat = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
+    assert beat.iteration_finished and not beat.more_tasks_expected
+
+
 def test_iteration_finishes_when_every_task_has_finished(core):
     heartbeat(core, "w1:1")
     heartbeat(core, "w2:1")
@@ -220,10 +251,10 @@ def test_iteration_finishes_when_every_task_has_finished(core):
     assert core.state.iterations[it.iteration_id].state is IterationState.ACTIVE
     heartbeat(core, "w2:1", current=[t2], finished=[t2])
     assert core.state.iterations[it.iteration_id].state is IterationState.FINISHED
-    assert core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id)).iteration_finished
+    assert core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key)).iteration_finished
     # While a client reads, the finished tasks stay; once it is released they are deleted.
     assert list(heartbeat(core, "w1:1", current=[t1]).tasks_to_delete) == []
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
     assert list(heartbeat(core, "w1:1", current=[t1]).tasks_to_delete) == [t1]
     # A worker joining now gets no task for the finished iteration.
     assert list(heartbeat(core, "w3:1").new_tasks) == []
@@ -242,7 +273,7 @@ def test_splits_are_handed_out_in_order_until_end_of_splits(core):
     # Every split is leased but none is with a client yet: a lease may still come back.
     assert split(core, it.iteration_id, t1).wait
     # The client holds every element of every split: the pass is over.
-    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, progress=[
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key, progress=[
         state_pb2.SplitProgress(stream_id=0, split_index=i, ranges=[0, 3], total=3) for i in range(5)]))
     for t in (t1, t2):
         assert split(core, it.iteration_id, t).end_of_splits
@@ -284,13 +315,13 @@ def test_release_of_clients(core):
     it = iteration(core, job(core, register(core), name="j"))
     other = iteration(core, core.state.jobs_by_name["j"])
     assert core.state.iterations[it.iteration_id].clients == {it.client_id, other.client_id}
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id))
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id))  # idempotent
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))  # idempotent
     assert core.state.iterations[it.iteration_id].clients == {other.client_id}
     assert it.client_id not in core.state.clients
     with pytest.raises(errors.NotFoundError, match="unknown"):
-        core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id))
-    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=other.client_id))
+        core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=other.client_id, read_key=other.read_key))
 
 
 def test_idle_iteration_is_garbage_collected_after_the_timeout(core, clock):
@@ -300,9 +331,9 @@ def test_idle_iteration_is_garbage_collected_after_the_timeout(core, clock):
     (task_id,) = core.state.iterations[it.iteration_id].tasks
     for _ in range(15):  # a minute in which the client reads and heartbeats: nothing is collected
         clock.advance(4)
-        core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id))
+        core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
         assert core.collect_garbage() == []
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
     clock.advance(9.9)
     assert core.collect_garbage() == []
     clock.advance(0.2)
@@ -320,12 +351,12 @@ def test_idle_iteration_is_garbage_collected_after_the_timeout(core, clock):
 def test_a_new_client_keeps_an_idle_iteration_alive(core, clock):
     job_id = job(core, register(core), name="j")
     it = iteration(core, job_id)
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
     clock.advance(9)
     joined = iteration(core, job_id)
     clock.advance(9)
     assert core.collect_garbage() == []
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=joined.client_id))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=joined.client_id, read_key=joined.read_key))
     clock.advance(10.1)
     assert core.collect_garbage() == [it.iteration_id]
 
@@ -333,7 +364,7 @@ def test_a_new_client_keeps_an_idle_iteration_alive(core, clock):
 def test_silent_client_is_released_and_then_its_iteration_collected(core, clock):
     it = iteration(core, job(core, register(core)))
     clock.advance(4)
-    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id))
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
     clock.advance(4)
     assert core.collect_garbage() == [] and it.client_id in core.state.clients
     clock.advance(1.1)  # 5.1 s since the last heartbeat: past client_timeout_ms
@@ -363,14 +394,14 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
     heartbeat(core, "w1:1", uid="a2", current=[t1], finished=[t1])
     # A client reports what it holds (split 0 complete) and stops reading the revoked task.
     core.client_heartbeat(pb.ClientHeartbeatRequest(
-        client_id=it.client_id, stopped_tasks=[t1],
+        client_id=it.client_id, read_key=it.read_key, stopped_tasks=[t1],
         progress=[state_pb2.SplitProgress(stream_id=0, split_index=0, ranges=[0, 5], total=5),
                   state_pb2.SplitProgress(stream_id=0, split_index=1, ranges=[0, 2], total=-1)]))
     other = iteration(core, job(core, b))
     for t in core.state.iterations[other.iteration_id].tasks:
         worker = core.state.tasks[t].worker_address
         heartbeat(core, worker, uid=core.state.workers[worker].uid, current=[t], finished=[t])
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=other.client_id))
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=other.client_id, read_key=other.read_key))
     clock.advance(100)
     core.collect_garbage()
 

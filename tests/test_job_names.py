@@ -49,8 +49,8 @@ def iteration(core, job_id, repetition=0) -> pb.GetOrCreateIterationResponse:
     return core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id, repetition=repetition))
 
 
-def release(core, client_id: int) -> None:
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=client_id))
+def release(core, it: pb.GetOrCreateIterationResponse) -> None:
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
 
 
 def worker_heartbeat(core, address="w1:1", current=(), finished=()) -> pb.WorkerHeartbeatResponse:
@@ -65,7 +65,7 @@ def read_to_the_end(core, job_id: int, repetition: int = 0) -> int:
     (task_id,) = core.state.iterations[it.iteration_id].tasks
     worker_heartbeat(core, current=[task_id], finished=[task_id])
     assert core.state.iterations[it.iteration_id].state is IterationState.FINISHED
-    release(core, it.client_id)
+    release(core, it)
     return it.iteration_id
 
 
@@ -90,8 +90,8 @@ def test_a_finished_named_job_gives_end_of_input_until_it_is_collected(core, clo
     assert job(core, dataset_id) == first
     late = iteration(core, first)
     assert late.iteration_id == iteration_id
-    assert core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=late.client_id)).iteration_finished
-    release(core, late.client_id)
+    assert core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=late.client_id, read_key=late.read_key)).iteration_finished
+    release(core, late)
     assert core.collect_garbage() == []  # the late client restarted the idle clock
     assert collect(core, clock) == [iteration_id]
     assert events(core, "recreate_job") == []  # a collection alone re-binds nothing
@@ -131,7 +131,7 @@ def test_a_collected_named_job_is_created_again_under_its_name(core, clock, capl
 def test_a_collected_name_may_be_reused_with_another_dataset_or_mode(core, clock):
     a, b = register(core, b"a"), register(core, b"b")
     first = job(core, a, PE)
-    release(core, iteration(core, first).client_id)
+    release(core, iteration(core, first))
     with pytest.raises(errors.AlreadyExistsError):
         job(core, b, DE)  # not collected yet: the name is taken
     assert collect(core, clock)
@@ -148,7 +148,7 @@ def test_a_named_job_with_any_live_iteration_keeps_its_name(core, clock):
     assert job(core, dataset_id) == first  # no iteration yet: nothing was collected
     zero = iteration(core, first, 0)
     one = iteration(core, first, 1)
-    release(core, zero.client_id)
+    release(core, zero)
     assert collect(core, clock) == [zero.iteration_id]  # repetition 1 still has its client
     assert job(core, dataset_id) == first
     with pytest.raises(errors.NotFoundError) as raised:
@@ -156,7 +156,7 @@ def test_a_named_job_with_any_live_iteration_keeps_its_name(core, clock):
     assert "a new read" not in str(raised.value)  # the name is not free: repetition 1 lives
     with pytest.raises(errors.AlreadyExistsError):
         job(core, register(core, b"other"))
-    release(core, one.client_id)
+    release(core, one)
     assert collect(core, clock) == [one.iteration_id]
     assert job(core, dataset_id) != first
 
@@ -164,7 +164,7 @@ def test_a_named_job_with_any_live_iteration_keeps_its_name(core, clock):
 def test_anonymous_jobs_are_untouched(core, clock):
     dataset_id = register(core)
     anonymous = job(core, dataset_id, name="")
-    release(core, iteration(core, anonymous).client_id)
+    release(core, iteration(core, anonymous))
     assert collect(core, clock)
     assert job(core, dataset_id, name="") != anonymous
     assert core.state.jobs_by_name == {} and events(core, "recreate_job") == []
@@ -263,7 +263,8 @@ def test_after_recreation_and_a_restart_the_name_maps_to_the_new_job(tmp_path, c
         assert job(core, dataset_id) == second
         # The restarted dispatcher frees the name again once the new job is collected too.
         (live,) = restarted.state.clients  # the new job's reader, replayed
-        release(core, live)
+        key = restarted.state.iterations[restarted.state.clients[live].iteration_id].read_key
+        release(core, pb.GetOrCreateIterationResponse(client_id=live, read_key=key))
         assert core.collect_garbage() == []
         assert collect(core, clock)
         third = job(core, dataset_id)

@@ -32,7 +32,7 @@ from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
-from dataservice.service.auth import ClusterAuth
+from dataservice.service.auth import ClusterAuth, task_read_key
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
 from dataservice.service.lifecycle import Stage, stop_at_exit
@@ -119,6 +119,8 @@ class IterationReader:
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
         self._joined_existing = response.existing
+        # The iteration's secret: each GetElements carries the task's key derived from it.
+        self._read_key = response.read_key
         self._received_any = False
         self._credits = _Credits(max_outstanding_requests)
         # Whatever the fetchers can have buffered, plus one response in flight each.
@@ -234,7 +236,7 @@ class IterationReader:
         for transport in transports:
             transport.interrupt()  # a fetcher blocked on a stuck worker must not outlive us
         try:
-            self._dispatcher.release_iteration_client(self.client_id)
+            self._dispatcher.release_iteration_client(self.client_id, read_key=self._read_key)
         except errors.DataServiceError as exc:
             log.info("could not release client %d: %s", self.client_id, exc)
         # The reader owns its dispatcher client from here on: closing it now, while grpc is alive (the
@@ -263,7 +265,7 @@ class IterationReader:
         while not self._stop.is_set():
             progress, stopped = self._progress_report()
             try:
-                response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped)
+                response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key)
             except errors.DataServiceError as exc:
                 if not self._stop.is_set():
                     self._out.put(exc)
@@ -375,6 +377,7 @@ class IterationReader:
         if self._stop.is_set():
             transport.interrupt()  # close() ran before we registered the transport
         backoff = 0.05
+        read_key = task_read_key(self._read_key, task_id)
         try:
             while not self._stop.is_set() and task_id not in self._revoked:
                 n = self._credits.acquire(self._max_per_request, timeout_s=0.5)
@@ -383,7 +386,8 @@ class IterationReader:
                 wait_ms = GET_ELEMENTS_WAIT_MS if self._credits.total >= self._credits.fetchers \
                     else SCARCE_CREDITS_WAIT_MS
                 request = worker_pb2.GetElementsRequest(task_id=task_id, client_id=self.client_id, max_elements=n,
-                                                        max_bytes=MAX_RESPONSE_BYTES, wait_ms=wait_ms)
+                                                        max_bytes=MAX_RESPONSE_BYTES, wait_ms=wait_ms,
+                                                        read_key=read_key)
                 try:
                     head, frame = transport.get(request)
                 except TransientError as exc:

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import socket
 from typing import Optional, Sequence, Union
@@ -30,11 +31,14 @@ from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.proto import dispatcher_pb2, worker_pb2, worker_pb2_grpc
 from dataservice.service.addresses import channel_address, parse_address
-from dataservice.service.auth import NONCE_KEY, PROOF_KEY, ClusterAuth, check_proof, new_nonce
+from dataservice.service.auth import NONCE_KEY, PROOF_KEY, ClusterAuth, check_proof, client_proof, new_nonce, \
+    server_proof
 from dataservice.service import cross_memory
 from dataservice.service.rpc import make_channel, translate
 from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCOLS
-from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+from dataservice.service.data_transfer import (CHALLENGE_BYTES, HELLO_MAGIC, REQUEST_HEADER, RESPONSE_HEADER,
+                                               UNAUTHENTICATED, recv_into_exact)
+from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
 from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, split_frame
 
 __all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "ANSWER_TIMEOUT_S",
@@ -174,12 +178,29 @@ class _Receiver:
         return out
 
 
+def _recv_upto(sock: socket.socket, n: int) -> bytes:
+    """Up to ``n`` bytes: fewer only if the peer closed the connection first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            break
+        got += k
+    return bytes(buf[:got])
+
+
 class TcpTransport:
     """One connection to the worker's data-transfer server, reopened after a failure.
 
+    With ``auth`` (the cluster's token), each new connection starts with the handshake that
+    ``dataservice.service.data_transfer`` describes: nothing the worker sends is decoded before
+    it proved it holds the token, and a worker that cannot, or that refuses ours, raises
+    ``PermissionDeniedError`` (retrying would not help).
+
     With ``memory_reads`` (and a worker on this host that allows it, which a probe on each new
-    connection tells), large arrays are copied straight out of the worker's memory
-    (``dataservice.service.cross_memory``) rather than read from the socket.
+    connection tells, after the handshake), large arrays are copied straight out of the worker's
+    memory (``dataservice.service.cross_memory``) rather than read from the socket.
     """
 
     def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True,
@@ -188,6 +209,7 @@ class TcpTransport:
         self._auth = auth
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
+        self._worker = f"worker at {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None
         self._receiver: Union[_Receiver, None] = None
         self._memory_reads = memory_reads and cross_memory.available()
@@ -201,11 +223,41 @@ class TcpTransport:
             sock = socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT_S)
             sock.settimeout(ANSWER_TIMEOUT_S)  # per receive: a stuck worker cannot hold the reader
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
-            self._receiver = _Receiver(sock)
+            self._sock = sock  # from here on, interrupt() can wake a receive on it, and close() closes it
             self._unread = False  # a new connection: the worker dropped what it held for the old one
-            self.memory_pid = self._probe(sock, self._receiver) if self._memory_reads else None
+            self.memory_pid = None
+            try:
+                if self._auth is not None:
+                    self._handshake(sock, self._auth)
+                receiver = _Receiver(sock)
+                self.memory_pid = self._probe(sock, receiver) if self._memory_reads else None
+            except BaseException:
+                self.close()
+                raise
+            self._receiver = receiver
         return self._sock, self._receiver
+
+    def _handshake(self, sock: socket.socket, auth: ClusterAuth) -> None:
+        """Proves to the worker that we hold the token, and has it prove the same to us before we read
+        anything else from it. Our proof goes out without waiting: the worker checks it before it reads
+        the request that follows, and answers a wrong one with an "Unauthenticated" header."""
+        client_nonce = new_nonce()
+        sock.sendall(HELLO_MAGIC + client_nonce)
+        answer = _recv_upto(sock, CHALLENGE_BYTES)
+        if len(answer) < CHALLENGE_BYTES:
+            if answer.startswith(DATA_TRANSFER_GREETING.rstrip(b"\n")):  # it read our HELLO as text
+                raise errors.PermissionDeniedError(
+                    f"{self._worker} runs without an auth token, but this client has one: every member of the "
+                    f"cluster needs the same token")
+            raise ConnectionError(f"the worker closed the connection during the handshake "
+                                  f"(after {len(answer)} of {CHALLENGE_BYTES} bytes)")
+        server_nonce, proof = answer[:len(client_nonce)], answer[len(client_nonce):]
+        if not hmac.compare_digest(proof, server_proof(auth, client_nonce, server_nonce)):
+            # With two tokens, each side finds the other's proof wrong: we cannot tell whose token is the cluster's.
+            raise errors.PermissionDeniedError(
+                f"{self._worker} does not hold the cluster token (a wrong proof: it is not a member of this "
+                f"cluster, or this client's token is not the cluster's) — nothing it sent was loaded")
+        sock.sendall(client_proof(auth, client_nonce, server_nonce))
 
     def _exchange(self, sock: socket.socket, receiver: _Receiver, request: worker_pb2.GetElementsRequest
                   ) -> tuple[worker_pb2.ElementChunk, bytearray, int]:
@@ -221,6 +273,9 @@ class TcpTransport:
             header = worker_pb2.ElementChunk.FromString(bytes(raw))
         except DecodeError as exc:
             raise WireFormatError(f"an unreadable response header: {exc}") from exc
+        if header.error_type == UNAUTHENTICATED:
+            # The worker refused us (no token, or another one) and closes: not a failure to retry.
+            raise errors.PermissionDeniedError(f"{self._worker} refused this client: {header.error_message}")
         return header, receiver.read(prefix_len), frame_len
 
     def _probe(self, sock: socket.socket, receiver: _Receiver) -> Optional[int]:
@@ -279,8 +334,13 @@ class TcpTransport:
             self.close()
             raise errors.ServiceError(f"{self._where} sent a malformed response (is it a dataservice worker's "
                                       f"data-transfer port?): {exc}") from exc
+        except errors.DataServiceError:
+            self.close()  # refused (or unproven) at the handshake: the connection is over
+            raise
         if header.error_type == "NotFound":
             raise TransientError(header.error_message, answered=True)
+        if header.error_type == "PermissionDenied":  # a wrong read key: retrying cannot help
+            raise errors.PermissionDeniedError(f"{self._where}: {header.error_message}")
         if header.error_type == "InvalidArgument":
             raise errors.InvalidRequestError(header.error_message)
         return header, ReceivedFrame(prefix, buffers)

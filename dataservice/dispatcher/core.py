@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -26,7 +28,9 @@ from typing import Callable, Iterable, Optional, Protocol
 
 from dataservice import errors
 from dataservice.dispatcher.state import DispatcherState, IterationState
+from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
+from dataservice.service.addresses import parse_address
 from dataservice.service.config import DispatcherConfig
 
 __all__ = ["DispatcherCore"]
@@ -67,6 +71,9 @@ def first_id_now() -> int:
     """The first id a fresh state hands out: microseconds since the epoch (see DispatcherCore.__init__)."""
     return time.time_ns() // 1000
 
+
+#: Bytes of an iteration's read key (see CreateIterationUpdate.read_key).
+READ_KEY_BYTES = 32
 
 #: How long GetSplit waits for a split to come free before telling the task to ask again.
 SPLIT_WAIT_S = 1.0
@@ -209,16 +216,27 @@ class DispatcherCore:
 
     def get_or_create_iteration(self, req: dispatcher_pb2.GetOrCreateIterationRequest
                                 ) -> dispatcher_pb2.GetOrCreateIterationResponse:
+        """A new client of the iteration, with its read key. Every reader of a named job shares its
+        iterations (as in tf.data service); an anonymous job's iteration is read by its creator alone."""
         with self._cond:
             job = self.state.jobs.get(req.job_id)
             if job is None:
                 raise errors.NotFoundError(f"job {req.job_id} does not exist")
             iteration = self.state.find_iteration(req.job_id, req.repetition)
             existing = iteration is not None
+            if existing and not job.name and not (
+                    iteration.creator_token and hmac.compare_digest(req.request_token, iteration.creator_token)):
+                # Its id is no secret (GetStatus lists it): joining would hand out the read key.
+                self._event("refuse_join", iteration_id=iteration.iteration_id, job_id=job.job_id)
+                raise errors.PermissionDeniedError(
+                    f"iteration {req.repetition} of job {req.job_id} already has a reader: an anonymous job (one "
+                    f"without a job_name) is private to the reader that created it, and no other client may read "
+                    f"its elements. To share a job between readers, give them all the same job_name")
             if iteration is None:
                 iteration_id = self.state.next_id()
                 self._commit(state_pb2.Update(create_iteration=state_pb2.CreateIterationUpdate(
-                    iteration_id=iteration_id, job_id=req.job_id, repetition=req.repetition)))
+                    iteration_id=iteration_id, job_id=req.job_id, repetition=req.repetition,
+                    read_key=secrets.token_bytes(READ_KEY_BYTES), creator_token=req.request_token)))
                 self._event("create_iteration", iteration_id=iteration_id, job_id=req.job_id)
                 for address in list(self.state.workers):
                     if not self._worker_lost(address):
@@ -236,7 +254,8 @@ class DispatcherCore:
             self._client_seen[client_id] = self._clock()
             self._iteration_idle_since.pop(iteration.iteration_id, None)
             return dispatcher_pb2.GetOrCreateIterationResponse(iteration_id=iteration.iteration_id,
-                                                               client_id=client_id, existing=existing)
+                                                               client_id=client_id, existing=existing,
+                                                               read_key=iteration.read_key)
 
     def _create_task(self, iteration_id: int, worker_address: str, stream_id: Optional[int] = None) -> None:
         task_id = self.state.next_id()
@@ -279,19 +298,21 @@ class DispatcherCore:
                 self._create_task(iteration.iteration_id, address, stream_id=stream)
                 self._event("resume_stream", iteration_id=iteration.iteration_id, stream_id=stream, worker=address)
 
-    def _task_def(self, task_id: int, with_skip_ranges: bool = True) -> dispatcher_pb2.TaskDef:
-        """``with_skip_ranges=False`` for clients, which never read them (only the worker skips)."""
+    def _task_def(self, task_id: int, for_worker: bool = True) -> dispatcher_pb2.TaskDef:
+        """``for_worker=False`` for clients: no skip ranges (only the worker skips), and no read key
+        (readers derive it from the iteration's, which they have: see task_read_key)."""
         task = self.state.tasks[task_id]
         iteration = self.state.iterations[task.iteration_id]
         job = self.state.jobs[iteration.job_id]
         dataset = self.state.datasets[job.dataset_id]
         skip = _held_ranges(iteration, (task.stream_id, 0)) \
-            if with_skip_ranges and job.processing_mode == state_pb2.PARALLEL_EPOCHS else []
+            if for_worker and job.processing_mode == state_pb2.PARALLEL_EPOCHS else []
         return dispatcher_pb2.TaskDef(task_id=task_id, iteration_id=iteration.iteration_id, job_id=job.job_id,
                                       dataset_id=job.dataset_id, processing_mode=job.processing_mode,
                                       worker_address=task.worker_address, num_splits=dataset.num_splits,
                                       stream_id=task.stream_id, skip_ranges=skip,
-                                      data_address=self.state.workers[task.worker_address].data_address)
+                                      data_address=self.state.workers[task.worker_address].data_address,
+                                      read_key=task_read_key(iteration.read_key, task_id) if for_worker else b"")
 
     # --- revocation -------------------------------------------------------------------
     def _revoke_task(self, task_id: int, why: str) -> None:
@@ -320,8 +341,9 @@ class DispatcherCore:
                 raise errors.NotFoundError(
                     f"client {req.client_id} is unknown to the dispatcher (released, timed out after "
                     f"{self.config.client_timeout_ms} ms, or the dispatcher restarted without fault tolerance)")
-            self._client_seen[req.client_id] = self._clock()
             iteration = self.state.iterations[client.iteration_id]
+            self._check_read_key(iteration, req.read_key, f"ClientHeartbeat for client {req.client_id}")
+            self._client_seen[req.client_id] = self._clock()
             if req.progress and not iteration.finished:
                 self._commit(state_pb2.Update(record_progress=state_pb2.RecordProgressUpdate(
                     iteration_id=iteration.iteration_id, progress=req.progress)))
@@ -334,18 +356,33 @@ class DispatcherCore:
                 self._cond.notify_all()  # a split may be free for reassignment now
             tasks = [self.state.tasks[t] for t in iteration.tasks]
             return dispatcher_pb2.ClientHeartbeatResponse(
-                tasks=[self._task_def(t.task_id, with_skip_ranges=False) for t in tasks if not t.revoked],
+                tasks=[self._task_def(t.task_id, for_worker=False) for t in tasks if not t.revoked],
                 revoked_tasks=[t.task_id for t in tasks if t.revoked],
                 iteration_finished=iteration.finished, dispatcher_incarnation=self.incarnation,
                 heartbeat_interval_ms=max(10, min(1_000, self.config.client_timeout_ms // 4)),
-                more_tasks_expected=any(self._may_resume(iteration, key) for key in iteration.pending))
+                # A finished iteration gets no task any more, even for a stream whose worker came back
+                # after the iteration ended without it: telling the reader to wait would hang it.
+                more_tasks_expected=not iteration.finished and any(self._may_resume(iteration, key)
+                                                                   for key in iteration.pending))
 
     def release_iteration_client(self, req: dispatcher_pb2.ReleaseIterationClientRequest
                                  ) -> dispatcher_pb2.ReleaseIterationClientResponse:
         with self._cond:
-            if req.client_id in self.state.clients:
+            client = self.state.clients.get(req.client_id)
+            if client is not None:
+                self._check_read_key(self.state.iterations[client.iteration_id], req.read_key,
+                                     f"ReleaseIterationClient for client {req.client_id}")
                 self._release_client(req.client_id)
             return dispatcher_pb2.ReleaseIterationClientResponse()
+
+    @staticmethod
+    def _check_read_key(iteration, read_key: bytes, what: str) -> None:
+        """Client ids are no secret (GetStatus lists iterations, ids are sequential): a client proves it is
+        one of the iteration's readers with its read key, or someone holding only the cluster token could
+        report progress for it (ending its read short) or release it."""
+        if iteration.read_key and not hmac.compare_digest(read_key, iteration.read_key):
+            raise errors.PermissionDeniedError(f"{what}: wrong read key: only the iteration's own readers may "
+                                               f"report for its clients")
 
     def _release_client(self, client_id: int) -> None:
         iteration_id = self.state.clients[client_id].iteration_id
@@ -357,8 +394,9 @@ class DispatcherCore:
 
     # --- workers ------------------------------------------------------------------
     def worker_heartbeat(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatResponse:
-        if not req.worker_address:
-            raise errors.InvalidRequestError("WorkerHeartbeat: worker_address is empty")
+        _check_worker_address(req.worker_address, "worker_address")
+        if req.data_address:
+            _check_worker_address(req.data_address, "data_address")
         # Answer well before the worker could look lost (worker_timeout_ms), however long it asked to wait.
         wait_ms = max(0, min(req.wait_ms, 60_000, self.config.worker_timeout_ms // 2))
         deadline = time.monotonic() + wait_ms / 1000
@@ -563,6 +601,23 @@ class DispatcherCore:
                     garbage_collected=any(i.state is IterationState.GARBAGE_COLLECTED for i in iterations)))
             return dispatcher_pb2.GetStatusResponse(workers=workers, datasets=datasets, jobs=jobs,
                                                     dispatcher_incarnation=self.incarnation)
+
+
+#: The longest worker address accepted: a host name is at most 253 characters, plus ":port".
+MAX_WORKER_ADDRESS_CHARS = 260
+
+
+def _check_worker_address(address: str, field: str) -> None:
+    """A worker's addresses reach every client and the journal: each must be a plausible host:port."""
+    if not address:
+        raise errors.InvalidRequestError(f"WorkerHeartbeat: {field} is empty")
+    if len(address) > MAX_WORKER_ADDRESS_CHARS:
+        raise errors.InvalidRequestError(f"WorkerHeartbeat: {field} has {len(address)} characters, more than "
+                                         f"{MAX_WORKER_ADDRESS_CHARS}")
+    try:
+        parse_address(address, "worker")
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"WorkerHeartbeat: {field}: {exc}") from None
 
 
 def _held_ranges(iteration, key: tuple) -> list[int]:

@@ -64,6 +64,9 @@ class IterationInfo:
     job_id: int
     repetition: int
     state: IterationState = IterationState.ACTIVE
+    # Secrets: kept out of repr (and so of logs and assertion messages); see CreateIterationUpdate.
+    read_key: bytes = dataclasses.field(default=b"", repr=False)
+    creator_token: bytes = dataclasses.field(default=b"", repr=False)
     next_split: int = 0
     tasks: list = dataclasses.field(default_factory=list)
     clients: set = dataclasses.field(default_factory=set)
@@ -159,7 +162,8 @@ class DispatcherState:
         self._saw_id(u.job_id)
 
     def _apply_create_iteration(self, u: state_pb2.CreateIterationUpdate) -> None:
-        self.iterations[u.iteration_id] = IterationInfo(u.iteration_id, u.job_id, u.repetition)
+        self.iterations[u.iteration_id] = IterationInfo(u.iteration_id, u.job_id, u.repetition,
+                                                        read_key=u.read_key, creator_token=u.creator_token)
         self.jobs[u.job_id].iterations[u.repetition] = u.iteration_id
         self._saw_id(u.iteration_id)
 
@@ -276,7 +280,8 @@ class DispatcherState:
                                                               processing_mode=j.processing_mode)))
         for it in self.iterations.values():
             out.append(U(create_iteration=state_pb2.CreateIterationUpdate(
-                iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition)))
+                iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition, read_key=it.read_key,
+                creator_token=it.creator_token)))
         for t in self.tasks.values():
             out.append(U(create_task=state_pb2.CreateTaskUpdate(task_id=t.task_id, iteration_id=t.iteration_id,
                                                                 worker_address=t.worker_address,

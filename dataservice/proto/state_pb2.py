@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64\x61taservice/proto/state.proto\x12\x0b\x64\x61taservice\"i\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x61taset_def\x18\x03 \x01(\x0c\x12\x12\n\nnum_splits\x18\x04 \x01(\x03\"X\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nworker_uid\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x03 \x01(\t\"}\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x04 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\"Q\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\"d\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x11\n\tstream_id\x18\x04 \x01(\x03\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"G\n\x1c\x41\x63quireIterationClientUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\"1\n\x1cReleaseIterationClientUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\x03\"w\n\x11\x41ssignSplitUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x03 \x01(\x03\x12\x12\n\nreassigned\x18\x04 \x01(\x08\x12\x12\n\nrequest_id\x18\x05 \x01(\x03\"V\n\rSplitProgress\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x0e\n\x06ranges\x18\x03 \x03(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\"Z\n\x14RecordProgressUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.dataservice.SplitProgress\"#\n\x10RevokeTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"H\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x19\n\x11garbage_collected\x18\x02 \x01(\x08\"\xa3\x03\n\x17IterationSnapshotUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x12\n\nnext_split\x18\x02 \x01(\x03\x12:\n\x06leases\x18\x03 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x12;\n\x07pending\x18\x04 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x12,\n\x08progress\x18\x05 \x03(\x0b\x32\x1a.dataservice.SplitProgress\x12\x0c\n\x04\x64one\x18\x06 \x03(\x03\x12\r\n\x05state\x18\x07 \x01(\x05\x12\x44\n\x10last_assignments\x18\x08 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x1aT\n\x05Lease\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x03\" \n\rIdFloorUpdate\x12\x0f\n\x07next_id\x18\x01 \x01(\x03\"\xec\x06\n\x06Update\x12>\n\x10register_dataset\x18\x01 \x01(\x0b\x32\".dataservice.RegisterDatasetUpdateH\x00\x12<\n\x0fregister_worker\x18\x02 \x01(\x0b\x32!.dataservice.RegisterWorkerUpdateH\x00\x12\x32\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1c.dataservice.CreateJobUpdateH\x00\x12>\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32\".dataservice.CreateIterationUpdateH\x00\x12\x34\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32\x1d.dataservice.CreateTaskUpdateH\x00\x12\x34\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32\x1d.dataservice.FinishTaskUpdateH\x00\x12M\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32).dataservice.AcquireIterationClientUpdateH\x00\x12M\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32).dataservice.ReleaseIterationClientUpdateH\x00\x12\x36\n\x0c\x61ssign_split\x18\t \x01(\x0b\x32\x1e.dataservice.AssignSplitUpdateH\x00\x12>\n\x10\x66inish_iteration\x18\n \x01(\x0b\x32\".dataservice.FinishIterationUpdateH\x00\x12<\n\x0frecord_progress\x18\x0b \x01(\x0b\x32!.dataservice.RecordProgressUpdateH\x00\x12\x34\n\x0brevoke_task\x18\x0c \x01(\x0b\x32\x1d.dataservice.RevokeTaskUpdateH\x00\x12\x42\n\x12iteration_snapshot\x18\r \x01(\x0b\x32$.dataservice.IterationSnapshotUpdateH\x00\x12.\n\x08id_floor\x18\x0e \x01(\x0b\x32\x1a.dataservice.IdFloorUpdateH\x00\x42\x06\n\x04kind*]\n\x0eProcessingMode\x12\x1f\n\x1bPROCESSING_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPARALLEL_EPOCHS\x10\x01\x12\x15\n\x11\x44ISTRIBUTED_EPOCH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64\x61taservice/proto/state.proto\x12\x0b\x64\x61taservice\"i\n\x15RegisterDatasetUpdate\x12\x12\n\ndataset_id\x18\x01 \x01(\x03\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x61taset_def\x18\x03 \x01(\x0c\x12\x12\n\nnum_splits\x18\x04 \x01(\x03\"X\n\x14RegisterWorkerUpdate\x12\x16\n\x0eworker_address\x18\x01 \x01(\t\x12\x12\n\nworker_uid\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x03 \x01(\t\"}\n\x0f\x43reateJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\x03\x12\x34\n\x0fprocessing_mode\x18\x04 \x01(\x0e\x32\x1b.dataservice.ProcessingMode\"z\n\x15\x43reateIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0e\n\x06job_id\x18\x02 \x01(\x03\x12\x12\n\nrepetition\x18\x03 \x01(\x03\x12\x10\n\x08read_key\x18\x04 \x01(\x0c\x12\x15\n\rcreator_token\x18\x05 \x01(\x0c\"d\n\x10\x43reateTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x11\n\tstream_id\x18\x04 \x01(\x03\"#\n\x10\x46inishTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"G\n\x1c\x41\x63quireIterationClientUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\x03\x12\x14\n\x0citeration_id\x18\x02 \x01(\x03\"1\n\x1cReleaseIterationClientUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\x03\"w\n\x11\x41ssignSplitUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x03 \x01(\x03\x12\x12\n\nreassigned\x18\x04 \x01(\x08\x12\x12\n\nrequest_id\x18\x05 \x01(\x03\"V\n\rSplitProgress\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x0e\n\x06ranges\x18\x03 \x03(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\"Z\n\x14RecordProgressUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.dataservice.SplitProgress\"#\n\x10RevokeTaskUpdate\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\"H\n\x15\x46inishIterationUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x19\n\x11garbage_collected\x18\x02 \x01(\x08\"\xa3\x03\n\x17IterationSnapshotUpdate\x12\x14\n\x0citeration_id\x18\x01 \x01(\x03\x12\x12\n\nnext_split\x18\x02 \x01(\x03\x12:\n\x06leases\x18\x03 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x12;\n\x07pending\x18\x04 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x12,\n\x08progress\x18\x05 \x03(\x0b\x32\x1a.dataservice.SplitProgress\x12\x0c\n\x04\x64one\x18\x06 \x03(\x03\x12\r\n\x05state\x18\x07 \x01(\x05\x12\x44\n\x10last_assignments\x18\x08 \x03(\x0b\x32*.dataservice.IterationSnapshotUpdate.Lease\x1aT\n\x05Lease\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\x03\" \n\rIdFloorUpdate\x12\x0f\n\x07next_id\x18\x01 \x01(\x03\"\xec\x06\n\x06Update\x12>\n\x10register_dataset\x18\x01 \x01(\x0b\x32\".dataservice.RegisterDatasetUpdateH\x00\x12<\n\x0fregister_worker\x18\x02 \x01(\x0b\x32!.dataservice.RegisterWorkerUpdateH\x00\x12\x32\n\ncreate_job\x18\x03 \x01(\x0b\x32\x1c.dataservice.CreateJobUpdateH\x00\x12>\n\x10\x63reate_iteration\x18\x04 \x01(\x0b\x32\".dataservice.CreateIterationUpdateH\x00\x12\x34\n\x0b\x63reate_task\x18\x05 \x01(\x0b\x32\x1d.dataservice.CreateTaskUpdateH\x00\x12\x34\n\x0b\x66inish_task\x18\x06 \x01(\x0b\x32\x1d.dataservice.FinishTaskUpdateH\x00\x12M\n\x18\x61\x63quire_iteration_client\x18\x07 \x01(\x0b\x32).dataservice.AcquireIterationClientUpdateH\x00\x12M\n\x18release_iteration_client\x18\x08 \x01(\x0b\x32).dataservice.ReleaseIterationClientUpdateH\x00\x12\x36\n\x0c\x61ssign_split\x18\t \x01(\x0b\x32\x1e.dataservice.AssignSplitUpdateH\x00\x12>\n\x10\x66inish_iteration\x18\n \x01(\x0b\x32\".dataservice.FinishIterationUpdateH\x00\x12<\n\x0frecord_progress\x18\x0b \x01(\x0b\x32!.dataservice.RecordProgressUpdateH\x00\x12\x34\n\x0brevoke_task\x18\x0c \x01(\x0b\x32\x1d.dataservice.RevokeTaskUpdateH\x00\x12\x42\n\x12iteration_snapshot\x18\r \x01(\x0b\x32$.dataservice.IterationSnapshotUpdateH\x00\x12.\n\x08id_floor\x18\x0e \x01(\x0b\x32\x1a.dataservice.IdFloorUpdateH\x00\x42\x06\n\x04kind*]\n\x0eProcessingMode\x12\x1f\n\x1bPROCESSING_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPARALLEL_EPOCHS\x10\x01\x12\x15\n\x11\x44ISTRIBUTED_EPOCH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dataservice.proto.state_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROCESSINGMODE']._serialized_start=2463
-  _globals['_PROCESSINGMODE']._serialized_end=2556
+  _globals['_PROCESSINGMODE']._serialized_start=2504
+  _globals['_PROCESSINGMODE']._serialized_end=2597
   _globals['_REGISTERDATASETUPDATE']._serialized_start=46
   _globals['_REGISTERDATASETUPDATE']._serialized_end=151
   _globals['_REGISTERWORKERUPDATE']._serialized_start=153
@@ -40,31 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEJOBUPDATE']._serialized_start=243
   _globals['_CREATEJOBUPDATE']._serialized_end=368
   _globals['_CREATEITERATIONUPDATE']._serialized_start=370
-  _globals['_CREATEITERATIONUPDATE']._serialized_end=451
-  _globals['_CREATETASKUPDATE']._serialized_start=453
-  _globals['_CREATETASKUPDATE']._serialized_end=553
-  _globals['_FINISHTASKUPDATE']._serialized_start=555
-  _globals['_FINISHTASKUPDATE']._serialized_end=590
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=592
-  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=663
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=665
-  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=714
-  _globals['_ASSIGNSPLITUPDATE']._serialized_start=716
-  _globals['_ASSIGNSPLITUPDATE']._serialized_end=835
-  _globals['_SPLITPROGRESS']._serialized_start=837
-  _globals['_SPLITPROGRESS']._serialized_end=923
-  _globals['_RECORDPROGRESSUPDATE']._serialized_start=925
-  _globals['_RECORDPROGRESSUPDATE']._serialized_end=1015
-  _globals['_REVOKETASKUPDATE']._serialized_start=1017
-  _globals['_REVOKETASKUPDATE']._serialized_end=1052
-  _globals['_FINISHITERATIONUPDATE']._serialized_start=1054
-  _globals['_FINISHITERATIONUPDATE']._serialized_end=1126
-  _globals['_ITERATIONSNAPSHOTUPDATE']._serialized_start=1129
-  _globals['_ITERATIONSNAPSHOTUPDATE']._serialized_end=1548
-  _globals['_ITERATIONSNAPSHOTUPDATE_LEASE']._serialized_start=1464
-  _globals['_ITERATIONSNAPSHOTUPDATE_LEASE']._serialized_end=1548
-  _globals['_IDFLOORUPDATE']._serialized_start=1550
-  _globals['_IDFLOORUPDATE']._serialized_end=1582
-  _globals['_UPDATE']._serialized_start=1585
-  _globals['_UPDATE']._serialized_end=2461
+  _globals['_CREATEITERATIONUPDATE']._serialized_end=492
+  _globals['_CREATETASKUPDATE']._serialized_start=494
+  _globals['_CREATETASKUPDATE']._serialized_end=594
+  _globals['_FINISHTASKUPDATE']._serialized_start=596
+  _globals['_FINISHTASKUPDATE']._serialized_end=631
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_start=633
+  _globals['_ACQUIREITERATIONCLIENTUPDATE']._serialized_end=704
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_start=706
+  _globals['_RELEASEITERATIONCLIENTUPDATE']._serialized_end=755
+  _globals['_ASSIGNSPLITUPDATE']._serialized_start=757
+  _globals['_ASSIGNSPLITUPDATE']._serialized_end=876
+  _globals['_SPLITPROGRESS']._serialized_start=878
+  _globals['_SPLITPROGRESS']._serialized_end=964
+  _globals['_RECORDPROGRESSUPDATE']._serialized_start=966
+  _globals['_RECORDPROGRESSUPDATE']._serialized_end=1056
+  _globals['_REVOKETASKUPDATE']._serialized_start=1058
+  _globals['_REVOKETASKUPDATE']._serialized_end=1093
+  _globals['_FINISHITERATIONUPDATE']._serialized_start=1095
+  _globals['_FINISHITERATIONUPDATE']._serialized_end=1167
+  _globals['_ITERATIONSNAPSHOTUPDATE']._serialized_start=1170
+  _globals['_ITERATIONSNAPSHOTUPDATE']._serialized_end=1589
+  _globals['_ITERATIONSNAPSHOTUPDATE_LEASE']._serialized_start=1505
+  _globals['_ITERATIONSNAPSHOTUPDATE_LEASE']._serialized_end=1589
+  _globals['_IDFLOORUPDATE']._serialized_start=1591
+  _globals['_IDFLOORUPDATE']._serialized_end=1623
+  _globals['_UPDATE']._serialized_start=1626
+  _globals['_UPDATE']._serialized_end=2502
 # @@protoc_insertion_point(module_scope)

@@ -44,7 +44,7 @@ from dataservice import errors
 
 __all__ = ["ClusterAuth", "resolve_token", "read_token_file", "AuthInterceptor", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "CREDENTIAL_KEY", "NONCE_KEY", "PROOF_KEY", "NONCE_BYTES", "MIN_TOKEN_CHARS", "credential_metadata",
-           "check_proof", "new_nonce", "server_proof", "client_proof", "warn_if_exposed"]
+           "check_proof", "new_nonce", "task_read_key", "server_proof", "client_proof", "warn_if_exposed"]
 
 TOKEN_ENV = "DATASERVICE_AUTH_TOKEN"
 TOKEN_FILE_ENV = "DATASERVICE_AUTH_TOKEN_FILE"
@@ -148,6 +148,17 @@ def server_proof(auth: ClusterAuth, client_nonce: bytes, server_nonce: bytes) ->
 
 def client_proof(auth: ClusterAuth, client_nonce: bytes, server_nonce: bytes) -> bytes:
     return auth.proof(b"data-transfer client", client_nonce, server_nonce)
+
+
+def task_read_key(iteration_key: bytes, task_id: int) -> bytes:
+    """The key a ``GetElements`` for task ``task_id`` must carry: an HMAC of the task id under its
+    iteration's read key. The dispatcher gives a worker the keys of its own tasks only, and
+    readers (who hold the iteration's key) derive them: a worker learns nothing that opens
+    another worker's tasks. An empty iteration key (an iteration from a journal written before
+    read keys existed) gives an empty key, which workers do not check."""
+    if not iteration_key:
+        return b""
+    return hmac.new(iteration_key, b"dataservice task read key %d" % task_id, hashlib.sha256).digest()
 
 
 def new_nonce() -> bytes:

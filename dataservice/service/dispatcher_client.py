@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -120,17 +121,18 @@ class DispatcherClient:
             dataset_id=dataset_id, processing_mode=processing_mode, job_name=job_name or "")).job_id
 
     def get_or_create_iteration(self, job_id: int, repetition: int) -> dispatcher_pb2.GetOrCreateIterationResponse:
+        # One token per call, repeated by its retries: a retry after a lost answer is still the creator.
         return self._call("GetOrCreateIteration", dispatcher_pb2.GetOrCreateIterationRequest(
-            job_id=job_id, repetition=repetition))
+            job_id=job_id, repetition=repetition, request_token=secrets.token_bytes(16)))
 
-    def client_heartbeat(self, client_id: int, progress: Sequence = (), stopped_tasks: Sequence[int] = ()
-                         ) -> dispatcher_pb2.ClientHeartbeatResponse:
+    def client_heartbeat(self, client_id: int, progress: Sequence = (), stopped_tasks: Sequence[int] = (),
+                         read_key: bytes = b"") -> dispatcher_pb2.ClientHeartbeatResponse:
         return self._call("ClientHeartbeat", dispatcher_pb2.ClientHeartbeatRequest(
-            client_id=client_id, progress=progress, stopped_tasks=stopped_tasks))
+            client_id=client_id, progress=progress, stopped_tasks=stopped_tasks, read_key=read_key))
 
-    def release_iteration_client(self, client_id: int, timeout_s: float = 2.0) -> None:
-        self._call("ReleaseIterationClient", dispatcher_pb2.ReleaseIterationClientRequest(client_id=client_id),
-                   timeout_s=timeout_s)
+    def release_iteration_client(self, client_id: int, timeout_s: float = 2.0, read_key: bytes = b"") -> None:
+        self._call("ReleaseIterationClient", dispatcher_pb2.ReleaseIterationClientRequest(
+            client_id=client_id, read_key=read_key), timeout_s=timeout_s)
 
     def worker_heartbeat(self, request: dispatcher_pb2.WorkerHeartbeatRequest,
                          timeout_s: Optional[float] = None) -> dispatcher_pb2.WorkerHeartbeatResponse:

@@ -102,6 +102,7 @@ _TO_CODE = [
     (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (errors.InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotSplittableError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     # Includes the journal's JournalError: the change was rolled back, and once the
     # dispatcher's disk recovers a retry succeeds.
     (errors.ServiceUnavailableError, grpc.StatusCode.UNAVAILABLE),
@@ -109,6 +110,7 @@ _TO_CODE = [
 
 _FROM_CODE = {
     grpc.StatusCode.UNAUTHENTICATED: errors.PermissionDeniedError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
     grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidRequestError,

@@ -23,6 +23,12 @@ as the dispatcher's address, an HTTP request, a person with ``nc``) gets
 closed: that client's probe can then name the mistake. A connection that sends anything
 else is closed; the server goes on.
 
+With the cluster's token (``auth``), a connection must first pass the handshake that
+``dataservice.service.data_transfer`` describes: the server reads no request, and answers
+no memory-read probe, before the peer proved it holds the token. A peer that does not is
+answered with an "Unauthenticated" error header and closed; one that does not finish the
+handshake within ``HANDSHAKE_TIMEOUT_S`` is closed. Refusals are logged at most once a minute.
+
 Example::
 
     >>> server = DataServer(worker, "[::]:0"); server.start()
@@ -32,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import socket
@@ -42,13 +49,14 @@ from typing import Optional
 import numpy as np
 
 from dataservice.proto import worker_pb2
-from dataservice.service.auth import ClusterAuth
+from dataservice.service.auth import TOKEN_ENV, TOKEN_FILE_ENV, ClusterAuth, client_proof, new_nonce, server_proof
 from dataservice.service.cross_memory import address_of
-from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQUEST_BYTES, PROOF_BYTES,
+                                               REQUEST_HEADER, RESPONSE_HEADER, UNAUTHENTICATED, recv_into_exact)
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
-from dataservice.worker.responses import Prepared, TaskSource, UnknownTaskError, prepare
+from dataservice.worker.responses import Prepared, ReadKeyError, TaskSource, UnknownTaskError, prepare
 
-__all__ = ["DataServer"]
+__all__ = ["DataServer", "HANDSHAKE_TIMEOUT_S"]
 
 log = logging.getLogger("dataservice.worker")
 
@@ -58,6 +66,11 @@ _MAX_IOV = 512
 _STRANGER_LOG_INTERVAL_S = 60.0
 #: How long a stranger gets to read the greeting and close before we close on it.
 _GREETING_LINGER_S = 1.0
+#: With a token: how long a new connection has, in all, to complete the handshake (a peer that
+#: connects and sends nothing, or trickles, holds its thread no longer than this).
+HANDSHAKE_TIMEOUT_S = 10.0
+#: What we read, and drop, from a refused peer while it reads our answer: nothing more.
+_LINGER_DRAIN_BYTES = 64 * 1024
 
 
 def _is_text(head: bytes) -> bool:
@@ -69,6 +82,31 @@ def _is_text(head: bytes) -> bool:
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     buf = bytearray(n)
     return buf if recv_into_exact(sock, memoryview(buf)) else None
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> Optional[bytes]:
+    """Exactly ``n`` bytes, all received before ``deadline`` (TimeoutError otherwise); None if the peer
+    closed the connection first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def _peer(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+    except OSError:
+        return "a peer that left"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _send_all(sock: socket.socket, parts: list) -> None:
@@ -105,6 +143,8 @@ class DataServer:
         self._connections: set = set()
         self._lock = threading.Lock()
         self._last_stranger_log = -_STRANGER_LOG_INTERVAL_S
+        self._last_refusal_log = -_STRANGER_LOG_INTERVAL_S
+        self._refusals_unlogged = 0
         self._thread = threading.Thread(target=self._accept_loop, name="dataservice-data-accept", daemon=True)
 
     def start(self) -> None:
@@ -123,8 +163,10 @@ class DataServer:
 
     def _serve(self, conn: socket.socket) -> None:
         held: Optional[Prepared] = None  # an answer by address: its arrays stay alive until the next request
-        first = True
+        first = self._auth is None  # with a token, the handshake deals with strangers
         try:
+            if self._auth is not None and not self._authenticate(conn, self._auth):
+                return
             while not self._stopped.is_set():
                 head = _recv_exact(conn, REQUEST_HEADER.size)
                 if head is None:
@@ -163,26 +205,105 @@ class DataServer:
                 self._connections.discard(conn)
             conn.close()
 
+    def _authenticate(self, conn: socket.socket, auth: ClusterAuth) -> bool:
+        """The handshake (``dataservice.service.data_transfer``): True once the peer proved it holds the
+        token; otherwise the peer was answered as it deserves, and the caller closes the connection.
+        Reads at most the handshake's fixed sizes, within HANDSHAKE_TIMEOUT_S."""
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        try:
+            head = _recv_by(conn, REQUEST_HEADER.size, deadline)
+            if head is None:
+                return False
+            if head != HELLO_MAGIC[:REQUEST_HEADER.size]:
+                if _is_text(head):
+                    self._greet_stranger(conn, head)
+                else:  # a request (never parsed): a client without the token
+                    self._refuse(conn, "no auth token (it sent a request without the handshake)",
+                                 f"this worker requires the cluster's auth token: set {TOKEN_ENV} or "
+                                 f"{TOKEN_FILE_ENV} (or pass auth_token=) on this client to the cluster's token")
+                return False
+            rest = _recv_by(conn, HELLO_BYTES - REQUEST_HEADER.size, deadline)
+            if rest is None:
+                return False
+            magic_rest = len(HELLO_MAGIC) - REQUEST_HEADER.size
+            if rest[:magic_rest] != HELLO_MAGIC[REQUEST_HEADER.size:]:
+                self._refuse(conn, "an unknown handshake (another dataservice version?)",
+                             "this worker does not know this client's handshake: is it another dataservice version?")
+                return False
+            client_nonce = rest[magic_rest:]
+            server_nonce = new_nonce()
+            conn.sendall(server_nonce + server_proof(auth, client_nonce, server_nonce))
+            proof = _recv_by(conn, PROOF_BYTES, deadline)
+            if proof is None:  # a client that found our proof wrong (another token) closes here
+                self._log_refusal(conn, "it closed the connection after our proof: does it have another token?")
+                return False
+            if not hmac.compare_digest(proof, client_proof(auth, client_nonce, server_nonce)):
+                self._refuse(conn, "a wrong auth token",
+                             "this worker refused the connection: wrong auth token (this client's token is not "
+                             "the cluster's)")
+                return False
+        except TimeoutError:
+            self._log_refusal(conn, f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s")
+            return False
+        conn.settimeout(None)  # authenticated: requests may be minutes apart, as without a token
+        return True
+
+    def _log_refusal(self, conn: socket.socket, why: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_refusal_log < _STRANGER_LOG_INTERVAL_S:
+                self._refusals_unlogged += 1
+                return
+            self._last_refusal_log, unlogged, self._refusals_unlogged = now, self._refusals_unlogged, 0
+        more = f"; {unlogged} more refused since the last such message" if unlogged else ""
+        log.warning("data-transfer port %d refused %s: %s%s (said at most once a minute)", self.port, _peer(conn),
+                    why, more)
+
+    def _refuse(self, conn: socket.socket, why: str, message: str) -> None:
+        """Tells an unauthenticated peer why (an error header: a protobuf, never a pickle), then lets it close."""
+        self._log_refusal(conn, why)
+        try:
+            conn.settimeout(_GREETING_LINGER_S)
+            _send_all(conn, [self._framed(_error_response(UNAUTHENTICATED, message), 0, 0)])
+        except OSError:
+            return  # gone, or not reading: it is closed all the same
+        self._linger(conn)
+
     def _greet_stranger(self, conn: socket.socket, head: bytes) -> None:
         """Tells a client that is not a dataservice reader where it is, then lets it close."""
         now = time.monotonic()
         if now - self._last_stranger_log >= _STRANGER_LOG_INTERVAL_S:
             self._last_stranger_log = now
-            try:
-                host, port = conn.getpeername()[:2]
-                peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            except OSError:
-                peer = "a peer that left"
-            protocol = "a gRPC client" if head == b"PRI " else "a text protocol (HTTP?)"
-            log.warning("data-transfer port %d: %s connected from %s; was this port given as the dispatcher's "
-                        "or a worker's gRPC address? (said at most once a minute)", self.port, protocol, peer)
-        conn.sendall(DATA_TRANSFER_GREETING)
-        # Closing with the rest of its request unread would send a reset, which may destroy the
-        # greeting before the peer reads it: half-close, and read until the peer closes.
-        conn.shutdown(socket.SHUT_WR)
+            peer = _peer(conn)
+            if head == HELLO_MAGIC[:REQUEST_HEADER.size]:
+                log.warning("data-transfer port %d: a client with an auth token connected from %s, but this worker "
+                            "runs without one: give every member of the cluster the same token (said at most once "
+                            "a minute)", self.port, peer)
+            else:
+                protocol = "a gRPC client" if head == b"PRI " else "a text protocol (HTTP?)"
+                log.warning("data-transfer port %d: %s connected from %s; was this port given as the dispatcher's "
+                            "or a worker's gRPC address? (said at most once a minute)", self.port, protocol, peer)
         conn.settimeout(_GREETING_LINGER_S)
-        deadline = now + _GREETING_LINGER_S
-        while time.monotonic() < deadline and conn.recv(4096):
+        conn.sendall(DATA_TRANSFER_GREETING)
+        self._linger(conn)
+
+    @staticmethod
+    def _linger(conn: socket.socket) -> None:
+        """Closing with the rest of a peer's bytes unread would send a reset, which may destroy our
+        answer before the peer reads it: half-close, and drop what it sends until it closes (or for
+        a second, and at most _LINGER_DRAIN_BYTES)."""
+        try:
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(_GREETING_LINGER_S)
+            deadline = time.monotonic() + _GREETING_LINGER_S
+            scratch = bytearray(4096)
+            dropped = 0
+            while time.monotonic() < deadline and dropped < _LINGER_DRAIN_BYTES:
+                k = conn.recv_into(scratch)
+                if not k:
+                    return
+                dropped += k
+        except OSError:
             pass
 
     def _answer(self, conn: socket.socket, request: worker_pb2.GetElementsRequest) -> Optional[Prepared]:
@@ -192,6 +313,10 @@ class DataServer:
         except UnknownTaskError as exc:
             # Not an error of the reader's pipeline: the task may not have arrived yet, or was revoked.
             _send_all(conn, [self._framed(_error_response("NotFound", str(exc)), 0, 0)])
+            return None
+        except ReadKeyError as exc:
+            # Caught here: it is an OSError, which _serve takes for a reader gone away (a silent close).
+            _send_all(conn, [self._framed(_error_response("PermissionDenied", str(exc)), 0, 0)])
             return None
         except ValueError as exc:
             _send_all(conn, [self._framed(_error_response("InvalidArgument", str(exc)), 0, 0)])

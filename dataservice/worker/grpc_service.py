@@ -15,7 +15,7 @@ import grpc
 from dataservice.proto import worker_pb2, worker_pb2_grpc
 from dataservice.service.rpc import CHUNK_BYTES
 from dataservice.service.wire import iter_chunks
-from dataservice.worker.responses import TaskSource, UnknownTaskError, prepare
+from dataservice.worker.responses import ReadKeyError, TaskSource, UnknownTaskError, prepare
 
 __all__ = ["add_worker_service"]
 
@@ -28,6 +28,8 @@ class _WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     ) -> Iterator[worker_pb2.ElementChunk]:
         try:
             prepared = prepare(self._worker, request)
+        except ReadKeyError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except UnknownTaskError as exc:

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 from typing import Optional, Protocol
 
@@ -24,7 +25,7 @@ from dataservice.service.rpc import CHUNK_BYTES
 from dataservice.service.wire import EncodedFrame, encode_elements
 from dataservice.worker.task_runner import TaskRunner
 
-__all__ = ["prepare", "Prepared", "TaskSource", "UnknownTaskError"]
+__all__ = ["prepare", "Prepared", "TaskSource", "UnknownTaskError", "ReadKeyError"]
 
 log = logging.getLogger("dataservice.worker")
 
@@ -43,6 +44,12 @@ class TaskSource(Protocol):
 
 class UnknownTaskError(LookupError):
     """The worker does not run the task asked for."""
+
+
+class ReadKeyError(PermissionError):
+    """The request does not carry its task's read key: it does not come from a reader of the
+    task's iteration. Nothing was taken from the task. The gRPC adapter answers
+    PERMISSION_DENIED; the TCP data-transfer server an error header "PermissionDenied"."""
 
 
 @dataclasses.dataclass
@@ -67,12 +74,22 @@ class Prepared:
 
 
 def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepared:
-    """Takes and encodes up to ``request.max_elements`` elements; UnknownTaskError, ValueError on a bad request."""
+    """Takes and encodes up to ``request.max_elements`` elements; UnknownTaskError, ValueError on a bad
+    request, ReadKeyError (before anything is taken) for a request without the task's read key."""
     if request.max_elements <= 0:
         raise ValueError("GetElements: max_elements must be positive")
     runner = worker.find_task(request.task_id, TASK_ARRIVAL_WAIT_S)
     if runner is None:
         raise UnknownTaskError(f"task {request.task_id} is not running on worker {worker.address}")
+    expected = runner.read_key
+    # An empty key: a task of an iteration created before read keys existed (replayed from an old
+    # journal), whose readers have no key to send. The worker warned when it started the task.
+    if expected and not hmac.compare_digest(request.read_key, expected):
+        raise ReadKeyError(
+            f"GetElements for task {request.task_id} on worker {worker.address}: the request does not carry the "
+            f"task's read key, so it does not come from a reader of the task's iteration. Only the readers of an "
+            f"iteration read its elements: those that created it or joined it (GetOrCreateIteration) — for an "
+            f"anonymous job its creator alone, for a named job every reader of that job_name")
     wait_s = min(max(request.wait_ms, 0) / 1000, MAX_WAIT_S)
     elements, runs, ended, error = runner.take(request.max_elements, request.max_bytes or CHUNK_BYTES, wait_s)
     if error is not None and not elements:

@@ -142,6 +142,10 @@ class WorkerServer:
                 log.warning("task %d: cannot load the pipeline of dataset %d: %s", task_def.task_id,
                             task_def.dataset_id, exc)
                 dataset = _UnloadablePipeline(exc)
+        if not task_def.read_key:
+            log.warning("task %d (iteration %d) has no read key: its iteration was created by a dispatcher without "
+                        "read keys (replayed from an old journal), so this worker serves its elements to any "
+                        "client that asks", task_def.task_id, task_def.iteration_id)
         runner = TaskRunner(task_def, dataset, self._dispatcher, self.address)
         with self._cond:
             self._tasks[task_def.task_id] = runner

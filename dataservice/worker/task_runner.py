@@ -60,6 +60,8 @@ class TaskRunner:
                  worker_address: str):
         self.task_def = task_def
         self.task_id = task_def.task_id
+        #: What every GetElements for this task must carry (empty: not checked; see responses.prepare).
+        self.read_key = task_def.read_key
         self._dataset = dataset
         self._dispatcher = dispatcher
         self._worker_address = worker_address
