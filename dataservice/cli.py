@@ -27,6 +27,12 @@ Example::
     $ dataservice --version
     dataservice 0.1.0
 
+TLS (``dataservice.service.tls``)::
+
+    $ dataservice dispatcher --tls-cert server.pem --tls-key server.key [--tls-client-ca ca.pem]
+    $ dataservice worker --dispatcher localhost:5050 --tls-ca ca.pem --tls-cert worker.pem --tls-key worker.key
+    $ dataservice status --dispatcher localhost:5050 --tls-ca ca.pem [--tls-cert client.pem --tls-key client.key]
+
 gRPC's own log lines are kept off the terminal by ``import dataservice``, which every
 entry point runs before grpc is imported (see ``dataservice._quiet_grpc_core``).
 
@@ -57,6 +63,7 @@ from dataservice.service.addresses import channel_address, target
 from dataservice.service.auth import ClusterAuth, read_token_file
 from dataservice.service.config import DispatcherConfig, WorkerConfig
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
 from dataservice.worker.processes import (WorkerProcesses, WorkerProcessesError, available_cpus, follow_supervisor,
                                           worker_command)
 from dataservice.worker.server import WorkerServer
@@ -152,6 +159,32 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
                              "code on the workers (a warning on every start)")
 
 
+def _add_server_tls_flags(parser: argparse.ArgumentParser, verifies_dispatcher: bool) -> None:
+    parser.add_argument("--tls-cert", metavar="PEM", default=None,
+                        help="this server's TLS certificate (with --tls-key): its ports then speak TLS only; "
+                             "clients verify it with --tls-ca. List every name clients use for the host in its "
+                             "subjectAltName")
+    parser.add_argument("--tls-key", metavar="PEM", default=None, help="the private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", metavar="PEM", default=None,
+                        help="require client certificates signed by this CA (mutual TLS); needs --tls-cert")
+    if verifies_dispatcher:
+        parser.add_argument("--tls-ca", metavar="PEM", default=None,
+                            help=f"the CA that signed the dispatcher's certificate, to verify it with (default: "
+                                 f"${TLS_CA_ENV}; none: the dispatcher is reached in plaintext). Under mutual TLS "
+                                 f"the worker presents --tls-cert to the dispatcher")
+
+
+def _add_client_tls_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-ca", metavar="PEM", default=None,
+                        help=f"the CA that signed the cluster's certificates, for a cluster that speaks TLS "
+                             f"(default: ${TLS_CA_ENV})")
+    parser.add_argument("--tls-cert", metavar="PEM", default=None,
+                        help=f"this client's certificate, for a cluster that requires one (mutual TLS) "
+                             f"(default: ${TLS_CERT_ENV})")
+    parser.add_argument("--tls-key", metavar="PEM", default=None,
+                        help=f"the private key of --tls-cert (default: ${TLS_KEY_ENV})")
+
+
 def _auth_token(args: argparse.Namespace) -> Optional[str]:
     """The token of --auth-token-file; None leaves the environment to the configs."""
     return read_token_file(args.auth_token_file) if getattr(args, "auth_token_file", None) else None
@@ -209,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a dispatcher: it registers datasets, creates jobs and assigns their tasks to workers.")
     _add_dispatcher_flags(dispatcher, default_port=5050)
     _add_listen_flags(dispatcher)
+    _add_server_tls_flags(dispatcher, verifies_dispatcher=False)
     _add_log_level(dispatcher)
     dispatcher.set_defaults(_parser=dispatcher)
 
@@ -229,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "restarted on its port (default: 1)")
     _add_worker_timing_flags(worker)
     _add_listen_flags(worker)
+    _add_server_tls_flags(worker, verifies_dispatcher=True)
     _add_log_level(worker)
     worker.set_defaults(_parser=worker)
 
@@ -237,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the workers, datasets and jobs a dispatcher knows about.")
     _add_dispatcher_address(status)
     _add_auth_token_file(status)
+    _add_client_tls_flags(status)
     status.add_argument("--json", action="store_true",
                         help='print JSON with the keys "workers", "datasets" and "jobs" instead of tables')
     status.add_argument("--timeout-ms", type=_positive_ms, metavar="N", default=STATUS_TIMEOUT_MS,
@@ -252,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dispatcher_flags(local, default_port=5050)
     _add_worker_timing_flags(local)
     _add_listen_flags(local)
+    _add_server_tls_flags(local, verifies_dispatcher=True)
     _add_log_level(local)
     local.set_defaults(_parser=local)
     return parser
@@ -267,7 +304,8 @@ def dispatcher_config(args: argparse.Namespace):
                             job_gc_check_interval_ms=args.job_gc_check_interval_ms,
                             job_gc_timeout_ms=args.job_gc_timeout_ms, worker_timeout_ms=args.worker_timeout_ms,
                             client_timeout_ms=args.client_timeout_ms, host=args.host, auth_token=_auth_token(args),
-                            insecure=args.insecure)
+                            insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                            tls_client_ca=args.tls_client_ca)
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
@@ -279,7 +317,8 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
                         dispatcher_timeout_ms=args.dispatcher_timeout_ms,
                         data_transfer_protocol=args.data_transfer_protocol,
                         data_transfer_port=args.data_transfer_port, host=args.host, auth_token=_auth_token(args),
-                        insecure=args.insecure)
+                        insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                        tls_client_ca=args.tls_client_ca)
 
 
 # --- running servers ---------------------------------------------------------------------
@@ -410,6 +449,10 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
         flags.append("--insecure")
     if args.auth_token_file:
         flags += ["--auth-token-file", args.auth_token_file]  # the path, not the token: argv is public
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca),
+                       ("--tls-client-ca", args.tls_client_ca)):
+        if path is not None:
+            flags += [flag, path]  # paths: the key's bytes never reach argv
     for flag, value in (("--heartbeat-interval-ms", args.heartbeat_interval_ms),
                         ("--dispatcher-timeout-ms", args.dispatcher_timeout_ms)):
         if value is not None:
@@ -453,8 +496,12 @@ def _run_local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     # a WorkerConfig rejects.
     try:
         config = dispatcher_config(args)
+        probe = worker_config(args, dispatcher_address="localhost:1", port=0)  # the workers' TLS files, checked
     except ValueError as exc:
         parser.error(str(exc))
+    if config.tls is not None and probe.tls_ca is None:
+        parser.error(f"--tls-cert needs --tls-ca (or ${TLS_CA_ENV}) here: the workers verify the dispatcher with "
+                     f"the CA that signed its certificate")
     _setup_logging(args.log_level)
 
     def start() -> list:
@@ -555,9 +602,10 @@ def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
         auth = ClusterAuth.resolve(_auth_token(args))
+        tls = TlsSettings.resolve(args.tls_ca, args.tls_cert, args.tls_key)
     except ValueError as exc:
         parser.error(str(exc))
-    client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth)
+    client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
     try:
         response = client.get_status(timeout_s=args.timeout_ms / 1000)
     except errors.ServiceUnavailableError as exc:

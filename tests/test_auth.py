@@ -186,6 +186,46 @@ def test_a_workers_grpc_port_refuses_get_elements_without_the_token(procs, token
                                                       data_transfer_protocol="grpc")))
 
 
+# --- a worker's data-transfer port -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_workers_data_port_refuses_peers_without_the_token(procs, token_file):
+    import socket
+
+    from dataservice.client.transports import TcpTransport
+    from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+    from tests.cluster import free_port
+
+    dispatcher = procs.dispatcher("--auth-token-file", token_file)
+    data_port = free_port()
+    procs.worker(dispatcher.port, "--auth-token-file", token_file, "--data-transfer-port", str(data_port))
+    request = worker_pb2.GetElementsRequest(task_id=1, max_elements=10)
+
+    # No token: a request without the handshake gets an Unauthenticated header (a protobuf, never a pickle)
+    # and the connection closes.
+    with socket.create_connection(("127.0.0.1", data_port), timeout=10) as sock:
+        body = request.SerializeToString()
+        sock.sendall(REQUEST_HEADER.pack(len(body)) + body)
+        fixed = bytearray(RESPONSE_HEADER.size)
+        assert recv_into_exact(sock, memoryview(fixed))
+        header_len, prefix_len, frame_len = RESPONSE_HEADER.unpack(fixed)
+        raw = bytearray(header_len)
+        assert recv_into_exact(sock, memoryview(raw))
+        header = worker_pb2.ElementChunk.FromString(bytes(raw))
+        assert header.error_type == "Unauthenticated" and (prefix_len, frame_len) == (0, 0)
+        assert "requires the cluster's auth token" in header.error_message
+        assert sock.recv(1) == b""  # closed
+    # Another token: the handshake fails, and nothing is read.
+    for token in (None, WRONG):
+        transport = TcpTransport(f"localhost:{data_port}", auth=ClusterAuth(token) if token else None,
+                                 memory_reads=False)
+        try:
+            with pytest.raises(errors.PermissionDeniedError):
+                transport.get(request)
+        finally:
+            transport.close()
+
+
 # --- reads with the token ------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -163,7 +163,8 @@ def test_worker_processes_get_every_flag_but_their_ports() -> None:
         ["worker", "--dispatcher", "d:1", "--port", "7000", "--worker-address", "h:%port%", "--processes", "3",
          "--heartbeat-interval-ms", "250", "--dispatcher-timeout-ms", "900", "--data-transfer-protocol", "grpc",
          "--data-transfer-port", "7100", "--log-level", "DEBUG", "--host", "0.0.0.0", "--insecure",
-         "--auth-token-file", "/run/secrets/token"])
+         "--auth-token-file", "/run/secrets/token", "--tls-cert", "/tls/w.pem", "--tls-key", "/tls/w.key",
+         "--tls-ca", "/tls/ca.pem", "--tls-client-ca", "/tls/client-ca.pem"])
     defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
     worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]
     dests = {a.dest for a in worker._actions if a.option_strings and a.dest != "help"}

@@ -25,6 +25,7 @@ from dataservice.proto import state_pb2
 from dataservice.service.addresses import channel_address
 from dataservice.service.auth import ClusterAuth
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.tls import TlsSettings
 
 __all__ = ["distribute", "register_dataset", "from_dataset_id", "ShardingPolicy", "DEFAULT_TIMEOUT_MS"]
 
@@ -96,11 +97,13 @@ def _num_splits(dataset: Dataset) -> int:
 
 
 def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                     auth_token: Optional[str] = None) -> int:
+                     auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                     tls_key: Optional[str] = None) -> int:
     """Registers ``dataset`` with the dispatcher at ``service``; returns its id.
 
     The same pipeline registered twice gets the same id. ``auth_token`` is the cluster's token
-    (None: DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE).
+    (None: DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE);
+    ``tls_ca``, ``tls_cert``, ``tls_key`` are ``distribute``'s.
 
     Example::
 
@@ -111,8 +114,9 @@ def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_T
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, got {type(dataset).__name__}")
     auth = ClusterAuth.resolve(auth_token)
+    tls = TlsSettings.resolve(tls_ca, tls_cert, tls_key)
     blob = serialize_dataset(dataset)
-    client = DispatcherClient(address, timeout_ms=timeout_ms, auth=auth)
+    client = DispatcherClient(address, timeout_ms=timeout_ms, auth=auth, tls=tls)
     try:
         return client.register_dataset(blob, _num_splits(dataset))
     finally:
@@ -127,9 +131,12 @@ class _DataServiceDataset(Dataset):
     def __init__(self, processing_mode: ProcessingMode, service: str, dataset_id: Optional[int],
                  job_name: Optional[str], max_outstanding_requests: Optional[int], timeout_ms: int,
                  dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None,
-                 auth_token: Optional[str] = None):
+                 auth_token: Optional[str] = None, tls_files: tuple = (None, None, None)):
         self._auth_token = auth_token
         self._auth = ClusterAuth.resolve(auth_token)
+        #: (tls_ca, tls_cert, tls_key) as given: paths, not secrets, so a pickled copy keeps them.
+        self._tls_files = tuple(tls_files)
+        self._tls = TlsSettings.resolve(*self._tls_files)
         self._mode = _parse_mode(processing_mode)
         self._protocol = _parse_protocol(data_transfer_protocol)
         self._address = _parse_service(service)
@@ -146,7 +153,7 @@ class _DataServiceDataset(Dataset):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         # No secret travels in a pickle: a copy resolves the token again where it is loaded.
-        del state["_lock"], state["_repetitions"], state["_auth"], state["_auth_token"]
+        del state["_lock"], state["_repetitions"], state["_auth"], state["_auth_token"], state["_tls"]
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -155,6 +162,8 @@ class _DataServiceDataset(Dataset):
         self._repetitions = itertools.count()
         self._auth_token = None
         self._auth = ClusterAuth.resolve(None)
+        self._tls_files = state.get("_tls_files", (None, None, None))
+        self._tls = TlsSettings.resolve(*self._tls_files)  # the files as found where the copy is loaded
 
     def _describe(self) -> str:
         return f"distribute({'parallel_epochs' if self._mode == state_pb2.PARALLEL_EPOCHS else 'distributed_epoch'}" \
@@ -177,7 +186,7 @@ class _DataServiceDataset(Dataset):
             return self._dataset_id
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth)
+        client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth, tls=self._tls)
         reader = None
         try:
             dataset_id = self._registered_id(client)
@@ -185,7 +194,8 @@ class _DataServiceDataset(Dataset):
             # A named job is shared: the k-th iteration of every reader is the same iteration.
             repetition = next(self._repetitions) if self._job_name else 0
             reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol,
-                                     timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth)
+                                     timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth,
+                                     tls=self._tls)
             yield from reader
         finally:
             if reader is not None:
@@ -197,7 +207,8 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
                max_outstanding_requests: Optional[int] = None,
                timeout_ms: int = DEFAULT_TIMEOUT_MS,
                data_transfer_protocol: Optional[str] = None,
-               auth_token: Optional[str] = None) -> Callable[[Dataset], Dataset]:
+               auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+               tls_key: Optional[str] = None) -> Callable[[Dataset], Dataset]:
     """A transformation for ``Dataset.apply`` that runs the pipeline so far on the service.
 
     Args:
@@ -214,9 +225,14 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         "tcp" never reads a worker's memory; "grpc" always uses gRPC.
       auth_token: the cluster's token; None reads DATASERVICE_AUTH_TOKEN, then the file named by
         DATASERVICE_AUTH_TOKEN_FILE (so a training script needs no argument).
+      tls_ca: PEM file of the CA that signed the cluster's certificates, for a cluster that speaks TLS
+        (``dataservice.service.tls``); None reads DATASERVICE_TLS_CA; neither: plaintext.
+      tls_cert, tls_key: this client's certificate and key, for a cluster that requires them (mutual
+        TLS); None reads DATASERVICE_TLS_CERT and DATASERVICE_TLS_KEY.
     """
     mode = _parse_mode(processing_mode)
     ClusterAuth.resolve(auth_token)  # a bad token (too short, unreadable file) fails here, not mid-read
+    TlsSettings.resolve(tls_ca, tls_cert, tls_key)  # likewise an unreadable TLS file
     _parse_protocol(data_transfer_protocol)
     _parse_service(service)
     _parse_job_name(job_name)
@@ -228,7 +244,7 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
             raise TypeError(f"distribute applies to a Dataset, got {type(dataset).__name__}")
         return _DataServiceDataset(mode_name(mode), service, None, job_name, max_outstanding_requests, timeout_ms,
                                    dataset=dataset, data_transfer_protocol=data_transfer_protocol,
-                                   auth_token=auth_token)
+                                   auth_token=auth_token, tls_files=(tls_ca, tls_cert, tls_key))
 
     return apply
 
@@ -240,7 +256,8 @@ def mode_name(mode: int) -> str:
 def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: int, element_spec: Any = None,
                     job_name: Optional[str] = None, max_outstanding_requests: Optional[int] = None,
                     timeout_ms: int = DEFAULT_TIMEOUT_MS, data_transfer_protocol: Optional[str] = None,
-                    auth_token: Optional[str] = None) -> Dataset:
+                    auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                    tls_key: Optional[str] = None) -> Dataset:
     """A Dataset reading the registered dataset ``dataset_id`` from the service.
 
     ``element_spec`` is accepted for tf.data compatibility and not needed: elements
@@ -253,4 +270,5 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: i
     if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
         raise ValueError(f"dataset_id must be a positive int returned by register_dataset, got {dataset_id!r}")
     return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms,
-                               data_transfer_protocol=data_transfer_protocol, auth_token=auth_token)
+                               data_transfer_protocol=data_transfer_protocol, auth_token=auth_token,
+                               tls_files=(tls_ca, tls_cert, tls_key))

@@ -34,6 +34,7 @@ from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.auth import ClusterAuth, task_read_key
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.tls import TlsSettings
 from dataservice.service.intervals import OffsetSet
 from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.remote_errors import remote_failure
@@ -108,9 +109,10 @@ class IterationReader:
 
     def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int,
                  data_transfer_protocol: Optional[str] = None, timeout_ms: int = 60_000, job_name: str = "",
-                 auth: Optional[ClusterAuth] = None):
+                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
         self._dispatcher = dispatcher
         self._auth = auth
+        self._tls = tls
         self._protocol = data_transfer_protocol
         self._timeout_s = timeout_ms / 1000
         self._job_name = job_name
@@ -370,7 +372,7 @@ class IterationReader:
 
     def _fetch(self, task: dispatcher_pb2.TaskDef) -> None:
         task_id = task.task_id
-        transport = connect(task, self._pool, self._protocol, self._auth)
+        transport = connect(task, self._pool, self._protocol, self._auth, self._tls)
         with self._lock:
             self._transports[task_id] = transport
             self._task_addresses[task_id] = task.worker_address

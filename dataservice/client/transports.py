@@ -21,6 +21,7 @@ import dataclasses
 import hmac
 import logging
 import socket
+import ssl
 from typing import Optional, Sequence, Union
 
 import grpc
@@ -39,6 +40,8 @@ from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCO
 from dataservice.service.data_transfer import (CHALLENGE_BYTES, HELLO_MAGIC, REQUEST_HEADER, RESPONSE_HEADER,
                                                UNAUTHENTICATED, recv_into_exact)
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
+from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, \
+    is_tls_record
 from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, split_frame
 
 __all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "ANSWER_TIMEOUT_S",
@@ -84,10 +87,10 @@ class ReceivedFrame:
 
 
 class GrpcTransport:
-    def __init__(self, worker_address: str, auth: Optional[ClusterAuth] = None):
+    def __init__(self, worker_address: str, auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
         self._what = f"worker {worker_address}"
         self._auth = auth
-        self._channel = make_channel(channel_address(worker_address, "worker"), auth)
+        self._channel = make_channel(channel_address(worker_address, "worker"), auth, tls)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     def get(self, request: worker_pb2.GetElementsRequest) -> tuple[worker_pb2.ElementChunk, ReceivedFrame]:
@@ -110,6 +113,12 @@ class GrpcTransport:
                 data += chunk.data
         except grpc.RpcError as exc:
             code = exc.code()
+            handshake_error = grpc_handshake_error(exc.details() or "")
+            if code == grpc.StatusCode.UNAVAILABLE and handshake_error is not None:
+                # A certificate refused, or TLS on one side only: retrying cannot help.
+                why = describe_tls_failure(Exception(handshake_error), self._what)
+                raise (errors.WrongEndpointError if "does not speak TLS" in why
+                       else errors.PermissionDeniedError)(f"GetElements from {self._what}: {why}") from exc
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND,
                         grpc.StatusCode.CANCELLED):
                 raise TransientError(str(exc.details()), answered=code == grpc.StatusCode.NOT_FOUND) from exc
@@ -141,7 +150,8 @@ class _Receiver:
 
     SCRATCH_BYTES = 64 * 1024
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, where: str = "the worker"):
+        self._where = where
         self._sock = sock
         self._scratch = bytearray(self.SCRATCH_BYTES)
         self._view = memoryview(self._scratch)
@@ -167,6 +177,8 @@ class _Receiver:
         while self._end < n:
             k = self._sock.recv_into(self._view[self._end:])
             if k == 0:
+                if is_tls_record(bytes(self._view[:min(self._end, 2)])):  # the data_server's answer to plaintext
+                    raise errors.WrongEndpointError(_plaintext_to_tls(self._where))
                 raise ConnectionError("the worker closed the connection")
             self._end += k
         dest[:] = self._view[:n]
@@ -176,6 +188,10 @@ class _Receiver:
         out = bytearray(n)
         self.read_into(memoryview(out))
         return out
+
+
+def _plaintext_to_tls(where: str) -> str:
+    return f"{where} speaks TLS, and this client speaks plaintext: the cluster uses TLS: {FIX_CA}"
 
 
 def _recv_upto(sock: socket.socket, n: int) -> bytes:
@@ -201,12 +217,18 @@ class TcpTransport:
     With ``memory_reads`` (and a worker on this host that allows it, which a probe on each new
     connection tells, after the handshake), large arrays are copied straight out of the worker's
     memory (``dataservice.service.cross_memory``) rather than read from the socket.
+
+    With ``tls`` (a client's ``TlsSettings``) each connection is TLS from its first byte, the
+    worker's certificate verified against the CA and its host name checked; the token's handshake
+    and the memory-read probe run inside it. A certificate refused by either side raises
+    ``PermissionDeniedError``, TLS on one side only ``WrongEndpointError``: retrying cannot help.
     """
 
     def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True,
-                 auth: Optional[ClusterAuth] = None):
+                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
         self._address = parse_address(data_address, "data transfer")
         self._auth = auth
+        self._tls = tls
         self._pool = pool
         self._where = f"data transfer from {self._address[0]}:{self._address[1]}"
         self._worker = f"worker at {self._address[0]}:{self._address[1]}"
@@ -221,15 +243,21 @@ class TcpTransport:
         if self._sock is None:
             host, port = self._address
             sock = socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT_S)
-            sock.settimeout(ANSWER_TIMEOUT_S)  # per receive: a stuck worker cannot hold the reader
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                try:  # the handshake, within CONNECT_TIMEOUT_S
+                    sock = self._tls.client_context().wrap_socket(sock, server_hostname=host.strip("[]"))
+                except BaseException:
+                    sock.close()
+                    raise
+            sock.settimeout(ANSWER_TIMEOUT_S)  # per receive: a stuck worker cannot hold the reader
             self._sock = sock  # from here on, interrupt() can wake a receive on it, and close() closes it
             self._unread = False  # a new connection: the worker dropped what it held for the old one
             self.memory_pid = None
             try:
                 if self._auth is not None:
                     self._handshake(sock, self._auth)
-                receiver = _Receiver(sock)
+                receiver = _Receiver(sock, self._worker)
                 self.memory_pid = self._probe(sock, receiver) if self._memory_reads else None
             except BaseException:
                 self.close()
@@ -245,6 +273,8 @@ class TcpTransport:
         sock.sendall(HELLO_MAGIC + client_nonce)
         answer = _recv_upto(sock, CHALLENGE_BYTES)
         if len(answer) < CHALLENGE_BYTES:
+            if is_tls_record(answer):  # the data_server's answer to plaintext, with TLS on
+                raise errors.WrongEndpointError(_plaintext_to_tls(self._worker))
             if answer.startswith(DATA_TRANSFER_GREETING.rstrip(b"\n")):  # it read our HELLO as text
                 raise errors.PermissionDeniedError(
                     f"{self._worker} runs without an auth token, but this client has one: every member of the "
@@ -327,6 +357,13 @@ class TcpTransport:
                 else:
                     for buffer in buffers:
                         receiver.read_into(memoryview(buffer))
+        except ssl.SSLError as exc:
+            self.close()
+            if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):  # the worker went away mid-stream
+                raise TransientError(f"{self._where}: {exc}") from exc
+            why = describe_tls_failure(exc, self._worker)
+            raise (errors.WrongEndpointError if "does not speak TLS" in why
+                   else errors.PermissionDeniedError)(f"{self._where}: {why}") from exc
         except OSError as exc:
             self.close()
             raise TransientError(f"{self._where}: {exc}") from exc
@@ -364,7 +401,9 @@ class TcpTransport:
         sock = self._sock
         if sock is not None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                # The plain socket's shutdown: an SSLSocket's would also drop its TLS state under the
+                # receive in flight, which would then read raw bytes.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -382,10 +421,11 @@ DATA_TRANSFER_PROTOCOLS = (None, *WORKER_PROTOCOLS)
 
 
 def connect(task: dispatcher_pb2.TaskDef, pool: Optional[BufferPool] = None, protocol: Optional[str] = None,
-            auth: Optional[ClusterAuth] = None) -> Union[TcpTransport, GrpcTransport]:
+            auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None
+            ) -> Union[TcpTransport, GrpcTransport]:
     """A transport to the task's worker: by default the fastest it offers (memory reads on this host, else
     TCP, else gRPC); ``protocol="tcp"`` never reads its memory, ``"grpc"`` uses gRPC. ``pool`` supplies
-    TCP's receive buffers."""
+    TCP's receive buffers; ``tls`` makes either speak TLS."""
     if task.data_address and protocol != "grpc":
-        return TcpTransport(task.data_address, pool, memory_reads=protocol is None, auth=auth)
-    return GrpcTransport(task.worker_address, auth)
+        return TcpTransport(task.data_address, pool, memory_reads=protocol is None, auth=auth, tls=tls)
+    return GrpcTransport(task.worker_address, auth, tls)

@@ -81,7 +81,7 @@ class DispatchServer:
             core = DispatcherCore(self._config, store=store)
             server, port = create_server(bind_address(self._config.host, self._config.port),
                                          services=("dataservice.Dispatcher",), auth=ClusterAuth.of(self._config),
-                                         what="the dispatcher")
+                                         what="the dispatcher", tls=self._config.tls)
         except BaseException:
             if store is not None:
                 store.close()
@@ -95,7 +95,9 @@ class DispatchServer:
         self._gc_thread.start()
         stop_at_exit(self.stop, Stage.DISPATCHERS)
         warn_if_exposed(self._config, "dispatcher", port)
-        log.info("dispatcher listening on %s", bind_address(self._config.host, port))
+        log.info("dispatcher listening on %s%s", bind_address(self._config.host, port),
+                 "" if self._config.tls is None else
+                 " (TLS, client certificates required)" if self._config.tls.client_ca is not None else " (TLS)")
 
     def _open_store(self) -> JournaledStore:
         """Replays the journal before anything is served. JournalError naming ``work_dir`` if it

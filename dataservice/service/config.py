@@ -14,16 +14,21 @@ Example::
     >>> WorkerConfig(dispatcher_address="grpc://localhost:5050", heartbeat_interval_ms=500)
     >>> DispatcherConfig(host="0.0.0.0")
     ValueError: the dispatcher would listen on '0.0.0.0' without an auth token: ...
+    >>> DispatcherConfig(tls_cert="/etc/ds/server.pem", tls_key="/etc/ds/server.key")   # TLS
+    >>> WorkerConfig(dispatcher_address="ds:5050", tls_cert="/etc/ds/w.pem", tls_key="/etc/ds/w.key",
+    ...              tls_ca="/etc/ds/ca.pem", tls_client_ca="/etc/ds/ca.pem")          # mutual TLS
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from typing import Optional
 
 from dataservice.service.addresses import channel_address
 from dataservice.service.auth import resolve_token
+from dataservice.service.tls import TLS_CA_ENV, TlsSettings
 
 __all__ = ["DispatcherConfig", "WorkerConfig", "DATA_TRANSFER_PROTOCOLS", "DEFAULT_HOST", "is_loopback",
            "bind_address"]
@@ -110,6 +115,11 @@ class DispatcherConfig:
       auth_token: the cluster's shared secret; every call must carry it. None reads
         DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE.
       insecure: allow listening beyond loopback without a token (a warning on every start).
+      tls_cert, tls_key: PEM files of the server's certificate and key: its port then speaks TLS only
+        (``dataservice.service.tls``); clients verify it with the CA that signed it.
+      tls_client_ca: PEM file of a CA: with it, every client must present a certificate it signed
+        (mutual TLS). Needs ``tls_cert``.
+      tls: the ``TlsSettings`` read from those files (set by the constructor; None without TLS).
     """
 
     port: int = 0
@@ -123,11 +133,16 @@ class DispatcherConfig:
     host: Optional[str] = None
     auth_token: Optional[str] = dataclasses.field(default=None, repr=False)
     insecure: bool = False
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_client_ca: Optional[str] = None
+    tls: Optional[TlsSettings] = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_port(self.port)
         _check_protocol(self.protocol)
         _check_access(self, "dispatcher")
+        object.__setattr__(self, "tls", TlsSettings.for_server(self.tls_cert, self.tls_key, self.tls_client_ca))
         if self.fault_tolerant_mode and not self.work_dir:
             raise ValueError("fault_tolerant_mode=True requires work_dir: set work_dir to a directory "
                              "the dispatcher can write its journal to")
@@ -158,6 +173,12 @@ class WorkerConfig:
       data_transfer_port: the TCP data-transfer port; 0 picks a free one.
       host, auth_token, insecure: as for ``DispatcherConfig``; the token is also what the
         worker shows the dispatcher and what its clients must show it.
+      tls_cert, tls_key, tls_client_ca: as for ``DispatcherConfig``, for the worker's gRPC port and
+        its data-transfer port. Under mutual TLS the worker also presents this certificate to the
+        dispatcher, so it must allow client authentication.
+      tls_ca: PEM file of the CA the worker verifies the dispatcher with (None reads
+        DATASERVICE_TLS_CA; neither: the dispatcher is reached in plaintext).
+      tls: the ``TlsSettings`` read from those files (set by the constructor; None without any).
     """
 
     dispatcher_address: str
@@ -171,10 +192,21 @@ class WorkerConfig:
     host: Optional[str] = None
     auth_token: Optional[str] = dataclasses.field(default=None, repr=False)
     insecure: bool = False
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_ca: Optional[str] = None
+    tls_client_ca: Optional[str] = None
+    tls: Optional[TlsSettings] = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         channel_address(self.dispatcher_address, "dispatcher")
         _check_access(self, "worker")
+        if self.tls_ca is None:
+            object.__setattr__(self, "tls_ca", os.environ.get(TLS_CA_ENV) or None)
+        tls = TlsSettings.for_server(self.tls_cert, self.tls_key, self.tls_client_ca, ca_file=self.tls_ca)
+        if tls is None and self.tls_ca is not None:
+            tls = TlsSettings(ca_file=self.tls_ca)  # a plaintext worker of a dispatcher that speaks TLS
+        object.__setattr__(self, "tls", tls)
         _check_port(self.port)
         _check_port(self.data_transfer_port)
         if self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:

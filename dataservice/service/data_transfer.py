@@ -42,8 +42,9 @@ server checks the proof before it reads the request.
 
 The handshake authenticates the two ends when the connection opens; like the gRPC credential
 it does not encrypt or sign the stream after it. Someone who can intercept and relay traffic
-on the network path could splice into an authenticated connection: use a trusted network (or
-a tunnel such as WireGuard/TLS) between hosts you do not trust.
+on the network path could splice into an authenticated connection: between hosts you do not
+trust, turn TLS on (``dataservice.service.tls``: the whole connection, handshake included, is then
+TLS from its first byte), or use a trusted network or a tunnel such as WireGuard.
 
 Example::
 

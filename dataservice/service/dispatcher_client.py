@@ -13,6 +13,14 @@ An address that answers, but not as a dispatcher, raises
   back (a worker's data-transfer port, HTTP/1, TLS, ...). Nobody listening, or a gRPC
   server, keeps the retries: clients may start before the cluster.
 
+TLS (``tls``: a client's ``dataservice.service.tls.TlsSettings``): a failed handshake is not
+retried either. gRPC reports it as UNAVAILABLE, with the TLS error in its details (a server
+certificate this client's CA did not sign, a plaintext server); a server that refuses our
+certificate (or its lack, under mutual TLS) just closes, and one TLS connection
+(``tls.probe_tls``) reads its alert. Both raise ``PermissionDeniedError`` (a certificate
+refused either way: a configuration problem, like a wrong token) or ``WrongEndpointError``
+(plaintext on one side, TLS on the other), saying how to fix it.
+
 Example::
 
     >>> client = DispatcherClient("localhost:5050", timeout_ms=5000)
@@ -33,10 +41,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dataservice import errors
 from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
-from dataservice.service.addresses import channel_address
+from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service.auth import NONCE_KEY, ClusterAuth, check_proof, new_nonce
 from dataservice.service.endpoint_probe import EndpointKind, Probe, probe_endpoint
 from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel
+from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, probe_tls
 
 __all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE"]
 
@@ -54,18 +63,20 @@ _REPROBE_INTERVAL_S = 1.0
 
 class DispatcherClient:
     def __init__(self, address: str, timeout_ms: int = 60_000, should_stop: Optional[Callable[[], bool]] = None,
-                 auth: Optional[ClusterAuth] = None):
+                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
         self.address = channel_address(address, "dispatcher")
         self._timeout_s = timeout_ms / 1000
         self._should_stop = should_stop
         self._auth = auth
-        self._channel = make_channel(self.address, auth)
+        self._tls = tls
+        self._channel = make_channel(self.address, auth, tls)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._closed = False
         self._probe_lock = threading.Lock()
         #: Set once the address answered as a gRPC server: UNAVAILABLE from it is then transient.
         self._speaks_grpc = False
         self._last_probe = -float("inf")
+        self._last_tls_probe = -float("inf")
         #: Said in the ServiceUnavailableError after the retries, when the address accepted
         #: connections but never answered (not proof enough to stop retrying early).
         self._silent_note = ""
@@ -153,8 +164,32 @@ class DispatcherClient:
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return self._identify_grpc_server(method)
         if code in RETRYABLE_CODES:
+            if self._tls is not None:
+                tls_error = self._tls_failure(exc)
+                if tls_error is not None:
+                    return tls_error
             return self._probe()
         return None
+
+    def _tls_failure(self, exc: grpc.RpcError) -> Optional[errors.ServiceError]:
+        """The error for a TLS handshake that failed, from gRPC's details or, for a server that just
+        closed the connection, from one TLS connection of our own; None if TLS is not the problem."""
+        details = exc.details() or ""
+        handshake_error = grpc_handshake_error(details)
+        if handshake_error is not None:
+            why = describe_tls_failure(Exception(handshake_error), self.address)
+        elif "socket closed" in details.lower() or "connection reset" in details.lower():
+            with self._probe_lock:
+                if time.monotonic() - self._last_tls_probe < _REPROBE_INTERVAL_S:
+                    return None
+                self._last_tls_probe = time.monotonic()
+                why = probe_tls(parse_address(self.address), self._tls)
+            if why is None:
+                return None
+        else:
+            return None
+        kind = errors.WrongEndpointError if "does not speak TLS" in why else errors.PermissionDeniedError
+        return kind(f"cannot talk to the dispatcher at {self.address}: {why}")
 
     def _identify_grpc_server(self, method: str) -> errors.ServiceError:
         health = health_pb2_grpc.HealthStub(self._channel)
@@ -180,7 +215,9 @@ class DispatcherClient:
             if self._speaks_grpc or time.monotonic() - self._last_probe < _REPROBE_INTERVAL_S:
                 return None
             probe = probe_endpoint(self.address)
-            wrong = _wrong_endpoint(self.address, probe)
+            # A plaintext probe of a TLS server finds TLS: what this client expects.
+            wrong = None if self._tls is not None and probe.kind is EndpointKind.TLS \
+                else _wrong_endpoint(self.address, probe)
             # A wrong endpoint is not remembered: the next call probes again, so an address that
             # becomes the dispatcher (its port handed over) works without a new client.
             self._last_probe = time.monotonic() if wrong is None else -float("inf")
@@ -196,8 +233,8 @@ def _wrong_endpoint(address: str, probe: Probe) -> Optional[errors.WrongEndpoint
             f"{address} is a dataservice worker's data-transfer port, not the dispatcher: {_HINT}")
     if probe.kind is EndpointKind.TLS:
         return errors.WrongEndpointError(
-            f"{address} is not a dataservice dispatcher: it speaks TLS, and dataservice speaks plaintext gRPC; "
-            f"{_HINT}")
+            f"{address} speaks TLS, and this client speaks plaintext: if it is the cluster's dispatcher, the "
+            f"cluster uses TLS: {FIX_CA}; else {_HINT}")
     if probe.kind is EndpointKind.NOT_GRPC:
         return errors.WrongEndpointError(
             f"{address} is not a dataservice dispatcher: it does not speak gRPC (it answered {probe.answer}); "

@@ -11,7 +11,8 @@ first bytes that come back.
 - an HTTP/2 SETTINGS frame: ``GRPC``, a gRPC server that failed for another reason;
 - ``DATA_TRANSFER_GREETING``: ``DATA_TRANSFER``, a dataservice worker's data-transfer
   port (its server says so when it sees the preface);
-- a TLS record: ``TLS``;
+- a TLS record, or (a server that closes on plaintext without a byte, as gRPC's TLS servers do)
+  a TLS handshake that succeeds on a second connection: ``TLS``;
 - any other bytes: ``NOT_GRPC``, with the first line in ``answer``;
 - the connection accepted, then closed or left silent without a byte: ``SILENT``. That is
   not proof: a gRPC server closes connections while it stops, and the kernel accepts
@@ -31,6 +32,7 @@ import dataclasses
 import enum
 import re
 import socket
+import ssl
 import time
 
 from dataservice.service.addresses import parse_address
@@ -126,6 +128,20 @@ def _read_answer(sock: socket.socket, deadline: float) -> bytes:
     return data
 
 
+def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TLS handshake with ``host:port`` succeeds. Nothing is verified, and nothing sent over it:
+    this only tells a TLS server (which closes on plaintext without a word) from one that is silent."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            with context.wrap_socket(sock, server_hostname=host or None):
+                return True
+    except (OSError, ValueError):
+        return False
+
+
 def probe_endpoint(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
     """Connects to ``address`` (``host:port`` or ``grpc://host:port``) once and says what answers there.
 
@@ -145,7 +161,7 @@ def probe_endpoint(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
             pass  # it may have spoken and closed first: read what it said
         data = _read_answer(sock, time.monotonic() + timeout_s)
     if not data:
-        return Probe(EndpointKind.SILENT)
+        return Probe(EndpointKind.TLS if _speaks_tls(host, port, timeout_s) else EndpointKind.SILENT)
     if _is_settings_frame(data):
         return Probe(EndpointKind.GRPC)
     if data.startswith(DATA_TRANSFER_GREETING.rstrip(b"\n")):

@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataservice import errors
 from dataservice.service.auth import AuthInterceptor, ClusterAuth, credential_metadata
+from dataservice.service.tls import TlsSettings
 
 __all__ = ["create_server", "make_channel", "translate", "abort_with", "call_with_retry", "MAX_MESSAGE_BYTES",
            "CHUNK_BYTES", "RETRYABLE_CODES"]
@@ -51,18 +52,21 @@ T = TypeVar("T")
 
 
 def create_server(address: str, services: Sequence[str] = (), max_workers: int = 32,
-                  auth: Optional[ClusterAuth] = None, what: str = "the server") -> tuple[grpc.Server, int]:
+                  auth: Optional[ClusterAuth] = None, what: str = "the server",
+                  tls: Optional[TlsSettings] = None) -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``address`` (port 0 picks one) with the health service; not started.
 
     ``services`` are the full names (``package.Service``) the health service reports SERVING,
     besides the server as a whole (""). With ``auth`` every other call must carry the cluster
-    credential (``dataservice.service.auth``); ``what`` names the server in refusals.
+    credential (``dataservice.service.auth``); ``what`` names the server in refusals. With ``tls``
+    (a server's ``TlsSettings``) the port speaks TLS only, requiring client certificates under mutual TLS.
     """
     interceptors = [AuthInterceptor(auth, what)] if auth is not None else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dataservice-rpc"),
                          options=_CHANNEL_OPTIONS[:2] + [("grpc.so_reuseport", 0)], interceptors=interceptors)
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, tls.server_credentials()) if tls is not None \
+            else server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc's way of saying the bind failed
         raise errors.ServiceUnavailableError(f"cannot bind {address}: the port is in use or the address is invalid") \
             from exc
@@ -91,9 +95,12 @@ class _CredentialInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
         return continuation(self._details(client_call_details), request)
 
 
-def make_channel(address: str, auth: Optional[ClusterAuth] = None) -> grpc.Channel:
-    """A channel to ``address``; with ``auth`` every call on it carries the cluster credential."""
-    channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def make_channel(address: str, auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None
+                 ) -> grpc.Channel:
+    """A channel to ``address``; with ``auth`` every call on it carries the cluster credential; with
+    ``tls`` (a client's ``TlsSettings``) it speaks TLS, verifying the server against the CA."""
+    channel = grpc.secure_channel(address, tls.channel_credentials(), options=_CHANNEL_OPTIONS) \
+        if tls is not None else grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
     return grpc.intercept_channel(channel, _CredentialInterceptor(auth)) if auth is not None else channel
 
 

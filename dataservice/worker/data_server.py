@@ -29,6 +29,16 @@ no memory-read probe, before the peer proved it holds the token. A peer that doe
 answered with an "Unauthenticated" error header and closed; one that does not finish the
 handshake within ``HANDSHAKE_TIMEOUT_S`` is closed. Refusals are logged at most once a minute.
 
+With TLS (``tls``: the worker's ``dataservice.service.tls.TlsSettings``) every connection is TLS
+from its first byte: the TLS handshake runs in the connection's own thread, bounded by
+``HANDSHAKE_TIMEOUT_S`` per read, so a silent peer holds nothing but its thread; under mutual TLS
+the client's certificate must verify against the client CA. The token's handshake, the memory-read
+probe and the requests then run inside TLS. A peer whose first byte does not start a TLS handshake
+(a plaintext client, ``nc``, an HTTP/2 preface) gets a TLS alert record (``TLS_PLAINTEXT_ALERT``,
+which a plaintext dataservice client and ``endpoint_probe`` recognise as TLS) and is closed, its
+bytes never parsed. ``ssl.SSLSocket`` has no ``sendmsg``: answers go out with one ``sendall``
+per buffer, each encrypted from the numpy buffer into TLS records (one copy, by OpenSSL).
+
 Example::
 
     >>> server = DataServer(worker, "[::]:0"); server.start()
@@ -42,9 +52,10 @@ import hmac
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -54,9 +65,10 @@ from dataservice.service.cross_memory import address_of
 from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQUEST_BYTES, PROOF_BYTES,
                                                REQUEST_HEADER, RESPONSE_HEADER, UNAUTHENTICATED, recv_into_exact)
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
+from dataservice.service.tls import TlsSettings
 from dataservice.worker.responses import Prepared, ReadKeyError, TaskSource, UnknownTaskError, prepare
 
-__all__ = ["DataServer", "HANDSHAKE_TIMEOUT_S"]
+__all__ = ["DataServer", "HANDSHAKE_TIMEOUT_S", "TLS_PLAINTEXT_ALERT"]
 
 log = logging.getLogger("dataservice.worker")
 
@@ -69,6 +81,11 @@ _GREETING_LINGER_S = 1.0
 #: With a token: how long a new connection has, in all, to complete the handshake (a peer that
 #: connects and sends nothing, or trickles, holds its thread no longer than this).
 HANDSHAKE_TIMEOUT_S = 10.0
+#: What a TLS data port answers a peer that speaks plaintext: a TLS record, a fatal
+#: protocol_version alert (content type 21, TLS 1.2, length 2, level fatal, description 70).
+TLS_PLAINTEXT_ALERT = b"\x15\x03\x03\x00\x02\x02\x46"
+#: The first byte of a TLS handshake record (a ClientHello).
+_TLS_HANDSHAKE = 0x16
 #: What we read, and drop, from a refused peer while it reads our answer: nothing more.
 _LINGER_DRAIN_BYTES = 64 * 1024
 
@@ -111,6 +128,10 @@ def _peer(conn: socket.socket) -> str:
 
 def _send_all(sock: socket.socket, parts: list) -> None:
     views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg: each buffer is encrypted straight from its memory
+        for view in views:
+            sock.sendall(view)
+        return
     i = 0
     while i < len(views):
         sent = sock.sendmsg(views[i:i + _MAX_IOV])
@@ -128,9 +149,11 @@ def _error_response(kind: str, message: str) -> worker_pb2.ElementChunk:
 class DataServer:
     """Serves ``GetElements`` over plain TCP for ``worker``; see the module docstring."""
 
-    def __init__(self, worker: TaskSource, host: str = "", port: int = 0, auth: Optional[ClusterAuth] = None):
+    def __init__(self, worker: TaskSource, host: str = "", port: int = 0, auth: Optional[ClusterAuth] = None,
+                 tls: Optional[TlsSettings] = None):
         self._worker = worker
         self._auth = auth
+        self._tls_context = tls.server_context() if tls is not None else None
         host = host.strip("[]")
         if host == "localhost":
             host = "127.0.0.1"  # one listener; clients resolving "localhost" fall back to it
@@ -161,10 +184,20 @@ class DataServer:
                 self._connections.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="dataservice-data-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, raw: socket.socket) -> None:
         held: Optional[Prepared] = None  # an answer by address: its arrays stay alive until the next request
-        first = self._auth is None  # with a token, the handshake deals with strangers
+        # With a token, the handshake deals with strangers; with TLS, the TLS handshake.
+        first = self._auth is None and self._tls_context is None
+        conn = raw
         try:
+            if self._tls_context is not None:
+                tls_conn = self._start_tls(raw)
+                if tls_conn is None:
+                    return
+                conn = tls_conn
+                with self._lock:
+                    self._connections.discard(raw)
+                    self._connections.add(conn)
             if self._auth is not None and not self._authenticate(conn, self._auth):
                 return
             while not self._stopped.is_set():
@@ -202,8 +235,42 @@ class DataServer:
             return  # the reader went away
         finally:
             with self._lock:
+                self._connections.discard(raw)
                 self._connections.discard(conn)
             conn.close()
+            raw.close()
+
+    def _start_tls(self, raw: socket.socket) -> Optional[ssl.SSLSocket]:
+        """The connection with TLS on, or None (the peer was refused, and the caller closes it)."""
+        peer = _peer(raw)
+        raw.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            first = raw.recv(1, socket.MSG_PEEK)
+            if not first:
+                return None
+            if first[0] != _TLS_HANDSHAKE:
+                self._log_refusal(peer, "it spoke plaintext to this TLS port: does it lack the cluster's TLS CA "
+                                        "(DATASERVICE_TLS_CA, --tls-ca)?")
+                raw.sendall(TLS_PLAINTEXT_ALERT)
+                self._linger(raw)
+                return None
+        except TimeoutError:  # silent
+            self._log_refusal(peer, f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s")
+            return None
+        except OSError:
+            return None  # gone
+        try:
+            conn = self._tls_context.wrap_socket(raw, server_side=True)
+        except ssl.SSLError as exc:  # a certificate refused, a protocol error: the peer got OpenSSL's alert
+            self._log_refusal(peer, f"the TLS handshake failed: {exc.reason or exc}")
+            return None
+        except TimeoutError:
+            self._log_refusal(peer, f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s")
+            return None
+        except OSError:
+            return None  # gone mid-handshake
+        conn.settimeout(None)  # requests may be minutes apart; the token's handshake sets its own deadline
+        return conn
 
     def _authenticate(self, conn: socket.socket, auth: ClusterAuth) -> bool:
         """The handshake (``dataservice.service.data_transfer``): True once the peer proved it holds the
@@ -248,7 +315,7 @@ class DataServer:
         conn.settimeout(None)  # authenticated: requests may be minutes apart, as without a token
         return True
 
-    def _log_refusal(self, conn: socket.socket, why: str) -> None:
+    def _log_refusal(self, conn: Union[socket.socket, str], why: str) -> None:
         with self._lock:
             now = time.monotonic()
             if now - self._last_refusal_log < _STRANGER_LOG_INTERVAL_S:
@@ -256,8 +323,8 @@ class DataServer:
                 return
             self._last_refusal_log, unlogged, self._refusals_unlogged = now, self._refusals_unlogged, 0
         more = f"; {unlogged} more refused since the last such message" if unlogged else ""
-        log.warning("data-transfer port %d refused %s: %s%s (said at most once a minute)", self.port, _peer(conn),
-                    why, more)
+        log.warning("data-transfer port %d refused %s: %s%s (said at most once a minute)", self.port,
+                    conn if isinstance(conn, str) else _peer(conn), why, more)
 
     def _refuse(self, conn: socket.socket, why: str, message: str) -> None:
         """Tells an unauthenticated peer why (an error header: a protobuf, never a pickle), then lets it close."""
@@ -360,7 +427,7 @@ class DataServer:
             connections = list(self._connections)
         for conn in connections:
             try:
-                conn.shutdown(socket.SHUT_RDWR)
+                socket.socket.shutdown(conn, socket.SHUT_RDWR)  # an SSLSocket's own would drop its TLS state
             except OSError:
                 pass
         self._thread.join(timeout=5)

@@ -91,8 +91,11 @@ class WorkerServer:
         if self._server is not None:
             return
         self._auth = ClusterAuth.of(self._config)
+        tls = self._config.tls
+        server_tls = tls if tls is not None and tls.serves else None
         server, port = create_server(bind_address(self._config.host, self._config.port),
-                                     services=("dataservice.Worker",), auth=self._auth, what="the worker")
+                                     services=("dataservice.Worker",), auth=self._auth, what="the worker",
+                                     tls=server_tls)
         self._port = port
         self.address = self._config.worker_address.replace("%port%", str(port))
         self._uid = uuid.uuid4().hex
@@ -102,12 +105,13 @@ class WorkerServer:
         self.data_address = ""
         if self._config.data_transfer_protocol == "tcp":
             self._data_server = DataServer(self, host=self._config.host, port=self._config.data_transfer_port,
-                                           auth=self._auth)
+                                           auth=self._auth, tls=server_tls)
             self._data_server.start()
             host = self.address.rsplit(":", 1)[0]
             self.data_address = f"{host}:{self._data_server.port}"
         self._stopped.clear()
         self._dispatcher = DispatcherClient(self._config.dispatcher_address, auth=self._auth,
+                                            tls=None if tls is None else tls.as_client(),
                                             timeout_ms=self._config.dispatcher_timeout_ms,
                                             should_stop=self._stopped.is_set)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="dataservice-worker-heartbeat",
