@@ -272,7 +272,7 @@ def _wait_for_workers(service: str, workers: int, timeout_s: float = 60.0) -> No
     """Until the dispatcher knows ``workers`` workers (they register before announcing; this checks)."""
     from dataservice.service.dispatcher_client import DispatcherClient
 
-    client = DispatcherClient(service, timeout_ms=int(timeout_s * 1000))
+    client = DispatcherClient.from_environment(service, timeout_ms=int(timeout_s * 1000))
     try:
         deadline = time.monotonic() + timeout_s
         while len(client.get_status(timeout_s=timeout_s).workers) < workers:

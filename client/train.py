@@ -141,7 +141,7 @@ def _num_workers(service: str) -> Optional[int]:
     """How many workers the dispatcher knows (for the progress bar's total); None if it cannot tell."""
     from dataservice.service.dispatcher_client import DispatcherClient
 
-    client = DispatcherClient(service, timeout_ms=2000)
+    client = DispatcherClient.from_environment(service, timeout_ms=2000)
     try:
         return len(client.get_status().workers) or None
     except errors.DataServiceError:

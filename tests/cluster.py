@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 from typing import Callable, Optional
 
@@ -43,6 +44,25 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def run_with_deadline(fn: Callable[[], object], timeout_s: float):
+    """``fn()`` on a helper thread; its result or exception, or AssertionError if it hangs."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"hung for more than {timeout_s} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def free_port() -> int:

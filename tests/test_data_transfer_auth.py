@@ -30,7 +30,7 @@ from dataservice.service.data_transfer import (CHALLENGE_BYTES, HELLO_BYTES, HEL
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
 from dataservice.service.wire import OUT_OF_BAND_BYTES, decode_elements, encode_elements
 from dataservice.worker import data_server
-from tests.cluster import TestCluster
+from tests.cluster import TestCluster, run_with_deadline as cluster_run_with_deadline
 
 TOKEN = "the-cluster-token-0123456789abcdef"
 OTHER = "another-clusters-token-0123456789"
@@ -67,22 +67,7 @@ def cluster_of(dispatcher_token: Optional[str], worker_token: Optional[str]) -> 
 
 
 def run_with_deadline(fn, timeout_s: float = DEADLINE_S):
-    """``fn()`` on a helper thread; its result or exception, or AssertionError if it hangs."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # handed to the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    assert not thread.is_alive(), f"hung for more than {timeout_s} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    return cluster_run_with_deadline(fn, timeout_s)
 
 
 def read(cluster: TestCluster, mode: str, token: Optional[str], protocol: Optional[str], n: int = 12) -> list:

@@ -18,30 +18,13 @@ from dataservice.client.reader import IterationReader
 from dataservice.data.serialization import serialize_dataset
 from dataservice.proto import state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
-from tests.cluster import TestCluster, free_port, wait_until
+from tests.cluster import TestCluster, free_port, run_with_deadline, wait_until
 from tests.elements import ints
 
 # A background thread (fetcher, heartbeat, task) dying of an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
-def run_with_deadline(fn, timeout_s: float):
-    """``fn()`` on a helper thread; its result or exception, or AssertionError if it hangs."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # handed to the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    assert not thread.is_alive(), f"hung for more than {timeout_s} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 # --- max_outstanding_requests bounds the client's memory -----------------------------------------

@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -36,7 +35,7 @@ from dataservice.service.endpoint_probe import EndpointKind, probe_endpoint
 from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
 from dataservice.service.wire import OUT_OF_BAND_BYTES
 from dataservice.worker.data_server import TLS_PLAINTEXT_ALERT
-from tests.cluster import TestCluster
+from tests.cluster import TestCluster, run_with_deadline as cluster_run_with_deadline
 from tests.processes import REPO, Processes
 
 TOKEN = "the-cluster-token-0123456789abcdef"
@@ -117,22 +116,7 @@ def tls_cluster(pki: Pki, mutual: bool = False, token: Optional[str] = None, num
 
 
 def run_with_deadline(fn, timeout_s: float = DEADLINE_S):
-    """``fn()`` on a helper thread; its result or exception, or AssertionError if it hangs."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # handed to the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    assert not thread.is_alive(), f"hung for more than {timeout_s} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    return cluster_run_with_deadline(fn, timeout_s)
 
 
 def read(cluster: TestCluster, mode: str = "parallel_epochs", n: int = 10, **client) -> list:

@@ -81,6 +81,12 @@ class DispatcherClient:
         #: connections but never answered (not proof enough to stop retrying early).
         self._silent_note = ""
 
+    @classmethod
+    def from_environment(cls, address: str, timeout_ms: int = 60_000) -> "DispatcherClient":
+        """A client with the cluster token and TLS settings of the environment, as ``distribute`` takes them
+        (``DATASERVICE_AUTH_TOKEN[_FILE]``, ``DATASERVICE_TLS_CA``, ...): for tools beside a training script."""
+        return cls(address, timeout_ms=timeout_ms, auth=ClusterAuth.resolve(None), tls=TlsSettings.resolve())
+
     def close(self) -> None:
         """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError.
         Idempotent: a second close (say, by a generator finalized at interpreter exit, when grpc's
