@@ -2,7 +2,10 @@
 
 The delivery protocol numbers every element by (stream, split, offset); clients
 report which offsets they hold, and a reassigned split skips them. Offsets come
-in long runs, so a set is almost always one or two ranges.
+in long runs, so a set is almost always one or two ranges — but a heartbeat may
+carry many, in any order: building a set from many ranges, or merging two sets,
+sorts once and merges in one pass (O(n log n), linear for sorted or reversed
+input), never one insertion per range.
 
 Example::
 
@@ -26,8 +29,21 @@ class OffsetSet:
     def __init__(self, ranges: Iterable[tuple[int, int]] = ()):
         self._starts: list[int] = []
         self._ends: list[int] = []
-        for start, end in ranges:
-            self.add(start, end)
+        self._merge(ranges)
+
+    def _merge(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Replaces the set with its union with ``ranges``: one sort, one pass."""
+        pairs = sorted([r for r in ranges if r[1] > r[0]] + list(zip(self._starts, self._ends)))
+        starts: list[int] = []
+        ends: list[int] = []
+        for start, end in pairs:
+            if ends and start <= ends[-1]:
+                if end > ends[-1]:
+                    ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
+        self._starts, self._ends = starts, ends
 
     @classmethod
     def from_flat(cls, flat: Iterable[int]) -> "OffsetSet":
@@ -58,8 +74,11 @@ class OffsetSet:
         self._ends[i:j] = [end]
 
     def update(self, other: "OffsetSet") -> None:
-        for start, end in other.ranges:
-            self.add(start, end)
+        """Adds every range of ``other``."""
+        if len(other._starts) == 1:
+            self.add(other._starts[0], other._ends[0])  # the common case: no sort
+        elif other._starts:
+            self._merge(zip(other._starts, other._ends))
 
     def __contains__(self, offset: int) -> bool:
         i = bisect.bisect_right(self._starts, offset) - 1
