@@ -132,7 +132,6 @@ class _DataServiceDataset(Dataset):
                  job_name: Optional[str], max_outstanding_requests: Optional[int], timeout_ms: int,
                  dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None,
                  auth_token: Optional[str] = None, tls_files: tuple = (None, None, None)):
-        self._auth_token = auth_token
         self._auth = ClusterAuth.resolve(auth_token)
         #: (tls_ca, tls_cert, tls_key) as given: paths, not secrets, so a pickled copy keeps them.
         self._tls_files = tuple(tls_files)
@@ -153,14 +152,13 @@ class _DataServiceDataset(Dataset):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         # No secret travels in a pickle: a copy resolves the token again where it is loaded.
-        del state["_lock"], state["_repetitions"], state["_auth"], state["_auth_token"], state["_tls"]
+        del state["_lock"], state["_repetitions"], state["_auth"], state["_tls"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._repetitions = itertools.count()
-        self._auth_token = None
         self._auth = ClusterAuth.resolve(None)
         self._tls_files = state.get("_tls_files", (None, None, None))
         self._tls = TlsSettings.resolve(*self._tls_files)  # the files as found where the copy is loaded

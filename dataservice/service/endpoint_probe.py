@@ -37,7 +37,7 @@ import time
 
 from dataservice.service.addresses import parse_address
 
-__all__ = ["EndpointKind", "Probe", "probe_endpoint", "HTTP2_PREFACE", "DATA_TRANSFER_GREETING",
+__all__ = ["EndpointKind", "Probe", "probe_endpoint", "HTTP2_PREFACE", "GRPC_CLIENT_OPENING", "DATA_TRANSFER_GREETING",
            "PROBE_TIMEOUT_S"]
 
 #: What every HTTP/2 client sends first (RFC 9113, section 3.4).
@@ -45,6 +45,8 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: An empty SETTINGS frame: length 0, type 4, no flags, stream 0. gRPC's client sends one after the
 #: preface, and some HTTP/2 servers wait for it before they answer.
 _EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+#: What a gRPC client sends first: the preface, then its SETTINGS.
+GRPC_CLIENT_OPENING = HTTP2_PREFACE + _EMPTY_SETTINGS
 #: What a worker's data-transfer server answers to an HTTP/2 preface (or any text) before it closes.
 DATA_TRANSFER_GREETING = b"dataservice data-transfer port\n"
 #: Bound on connecting and on waiting for the first bytes. A server on a LAN answers in
@@ -156,7 +158,7 @@ def probe_endpoint(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
         return Probe(EndpointKind.UNREACHABLE)
     with sock:
         try:
-            sock.sendall(HTTP2_PREFACE + _EMPTY_SETTINGS)
+            sock.sendall(GRPC_CLIENT_OPENING)
         except OSError:
             pass  # it may have spoken and closed first: read what it said
         data = _read_answer(sock, time.monotonic() + timeout_s)

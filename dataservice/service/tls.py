@@ -248,7 +248,7 @@ def probe_tls(address: tuple[str, int], settings: TlsSettings, timeout_s: float 
     the probe sends the HTTP/2 preface, as gRPC does, and a close before any answer means that the
     server refused this client's certificate, or its lack of one.
     """
-    from dataservice.service.endpoint_probe import HTTP2_PREFACE  # endpoint_probe is plain sockets only
+    from dataservice.service.endpoint_probe import GRPC_CLIENT_OPENING  # endpoint_probe is plain sockets only
 
     host, port = address
     host = host.strip("[]")
@@ -260,7 +260,7 @@ def probe_tls(address: tuple[str, int], settings: TlsSettings, timeout_s: float 
     try:
         with settings.client_context().wrap_socket(sock, server_hostname=host) as tls:
             tls.settimeout(timeout_s)
-            tls.sendall(HTTP2_PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # and an empty SETTINGS
+            tls.sendall(GRPC_CLIENT_OPENING)
             answer = tls.recv(4096)
     except ssl.SSLError as exc:
         if not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
