@@ -61,7 +61,7 @@ from dataservice import errors
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.addresses import channel_address, target
 from dataservice.service.auth import ClusterAuth, read_token_file
-from dataservice.service.config import DispatcherConfig, WorkerConfig
+from dataservice.service.config import DispatcherConfig, WorkerConfig, default_memory_budget_bytes
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
 from dataservice.worker.processes import (WorkerProcesses, WorkerProcessesError, available_cpus, follow_supervisor,
@@ -105,6 +105,7 @@ _port = _int_flag("0 picks a free port", 0, 65535, name="port")
 _positive_ms = _int_flag("a positive number of milliseconds", 1)
 #: An argparse type: a positive integer (also used by ``client.train``).
 positive_int = _int_flag("a positive integer", 1)
+_non_negative_int = _int_flag("a non-negative integer", 0)
 
 
 def _processes(text: str) -> int:
@@ -210,6 +211,13 @@ def _add_dispatcher_flags(parser: argparse.ArgumentParser, default_port: int) ->
                         help="a worker silent for this long is considered lost (default: 10000)")
     parser.add_argument("--client-timeout-ms", type=_positive_ms, metavar="N", default=None,
                         help="a client silent for this long is considered gone (default: 60000)")
+    parser.add_argument("--max-dataset-def-bytes", type=positive_int, metavar="N", default=None,
+                        help="largest pipeline definition accepted (default: 33554432, at most 62914560)")
+    parser.add_argument("--finished-jobs-kept", type=_non_negative_int, metavar="N", default=None,
+                        help="finished jobs the status keeps listing; older ones leave the state (default: 100)")
+    parser.add_argument("--recover-journal", action="store_true",
+                        help="start although the journal in --work-dir is damaged, from what is valid before the "
+                             "damage; what follows it is dropped and logged (an operator's decision)")
 
 
 def _add_worker_timing_flags(parser: argparse.ArgumentParser) -> None:
@@ -222,6 +230,15 @@ def _add_worker_timing_flags(parser: argparse.ArgumentParser) -> None:
                              "fast path) or grpc (through the gRPC port) (default: tcp)")
     parser.add_argument("--data-transfer-port", type=_port, metavar="P", default=0,
                         help="port of the tcp data-transfer server; 0 picks a free one (default: 0)")
+    parser.add_argument("--memory-budget-bytes", type=positive_int, metavar="N", default=None,
+                        help="most bytes all tasks buffer ahead of their readers (default: a quarter of the "
+                             "host's memory, shared by --processes)")
+    parser.add_argument("--data-idle-timeout-ms", type=_positive_ms, metavar="N", default=None,
+                        help="close a data-transfer connection idle for this long (default: 300000)")
+    parser.add_argument("--data-request-timeout-ms", type=_positive_ms, metavar="N", default=None,
+                        help="a data-transfer request must arrive whole within this long (default: 10000)")
+    parser.add_argument("--data-max-connections", type=positive_int, metavar="N", default=None,
+                        help="data-transfer connections served at once; more are refused (default: 1024)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,7 +322,8 @@ def dispatcher_config(args: argparse.Namespace):
                             job_gc_timeout_ms=args.job_gc_timeout_ms, worker_timeout_ms=args.worker_timeout_ms,
                             client_timeout_ms=args.client_timeout_ms, host=args.host, auth_token=_auth_token(args),
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                            tls_client_ca=args.tls_client_ca)
+                            tls_client_ca=args.tls_client_ca, max_dataset_def_bytes=args.max_dataset_def_bytes,
+                            finished_jobs_kept=args.finished_jobs_kept, recover_journal=args.recover_journal)
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
@@ -318,7 +336,10 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
                         data_transfer_protocol=args.data_transfer_protocol,
                         data_transfer_port=args.data_transfer_port, host=args.host, auth_token=_auth_token(args),
                         insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-                        tls_client_ca=args.tls_client_ca)
+                        tls_client_ca=args.tls_client_ca, memory_budget_bytes=args.memory_budget_bytes,
+                        data_idle_timeout_ms=args.data_idle_timeout_ms,
+                        data_request_timeout_ms=args.data_request_timeout_ms,
+                        data_max_connections=args.data_max_connections)
 
 
 # --- running servers ---------------------------------------------------------------------
@@ -454,9 +475,15 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
         if path is not None:
             flags += [flag, path]  # paths: the key's bytes never reach argv
     for flag, value in (("--heartbeat-interval-ms", args.heartbeat_interval_ms),
-                        ("--dispatcher-timeout-ms", args.dispatcher_timeout_ms)):
+                        ("--dispatcher-timeout-ms", args.dispatcher_timeout_ms),
+                        ("--data-idle-timeout-ms", args.data_idle_timeout_ms),
+                        ("--data-request-timeout-ms", args.data_request_timeout_ms),
+                        ("--data-max-connections", args.data_max_connections)):
         if value is not None:
             flags += [flag, str(value)]
+    # The budget is the whole worker's: its processes share it.
+    budget = args.memory_budget_bytes or default_memory_budget_bytes()
+    flags += ["--memory-budget-bytes", str(max(1, budget // max(1, args.processes)))]
     return flags
 
 

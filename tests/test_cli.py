@@ -164,16 +164,19 @@ def test_worker_processes_get_every_flag_but_their_ports() -> None:
          "--heartbeat-interval-ms", "250", "--dispatcher-timeout-ms", "900", "--data-transfer-protocol", "grpc",
          "--data-transfer-port", "7100", "--log-level", "DEBUG", "--host", "0.0.0.0", "--insecure",
          "--auth-token-file", "/run/secrets/token", "--tls-cert", "/tls/w.pem", "--tls-key", "/tls/w.key",
-         "--tls-ca", "/tls/ca.pem", "--tls-client-ca", "/tls/client-ca.pem"])
+         "--tls-ca", "/tls/ca.pem", "--tls-client-ca", "/tls/client-ca.pem", "--memory-budget-bytes", "3000",
+         "--data-idle-timeout-ms", "900", "--data-request-timeout-ms", "800", "--data-max-connections", "7"])
     defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
     worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]
     dests = {a.dest for a in worker._actions if a.option_strings and a.dest != "help"}
     # Every flag is set above to a value other than its default: a flag added later must be added there too.
     assert {d for d in dests if getattr(args, d) == getattr(defaults, d)} == set()
     child = parser.parse_args(["worker", *cli.worker_process_flags(args)])
-    per_process = {"port", "data_transfer_port", "processes"}  # set by the supervisor for each process
+    per_process = {"port", "data_transfer_port", "processes", "memory_budget_bytes"}  # set by the supervisor
+    assert child.memory_budget_bytes == 1000  # the processes share the worker's budget
     assert {d: getattr(child, d) for d in dests - per_process} == {d: getattr(args, d) for d in dests - per_process}
-    assert not per_process & {a.lstrip("-").replace("-", "_") for a in cli.worker_process_flags(args)}
+    assert not (per_process - {"memory_budget_bytes"}) & {
+        a.lstrip("-").replace("-", "_") for a in cli.worker_process_flags(args)}
 
 
 def test_status_formats_a_table() -> None:

@@ -31,7 +31,7 @@ from dataservice.service.auth import resolve_token
 from dataservice.service.tls import TLS_CA_ENV, TlsSettings
 
 __all__ = ["DispatcherConfig", "WorkerConfig", "DATA_TRANSFER_PROTOCOLS", "DEFAULT_HOST", "is_loopback",
-           "bind_address"]
+           "bind_address", "DEFAULT_DATASET_DEF_BYTES", "MAX_DATASET_DEF_LIMIT_BYTES", "default_memory_budget_bytes"]
 
 _PROTOCOLS = ("grpc",)
 #: How a worker may send elements (``WorkerConfig.data_transfer_protocol``).
@@ -97,6 +97,34 @@ def _positive_ms(config, name: str, default: int) -> None:
         raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
 
 
+#: ``DispatcherConfig.max_dataset_def_bytes`` by default, and the most it may be: a definition travels
+#: in one gRPC message (``rpc.MAX_MESSAGE_BYTES``, 64 MiB) and lives in the state and its checkpoints.
+DEFAULT_DATASET_DEF_BYTES = 32 * 1024 * 1024
+MAX_DATASET_DEF_LIMIT_BYTES = 60 * 1024 * 1024
+
+
+def _positive(config, name: str, default: int, unit: str, most: Optional[int], allow_zero: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None:
+        object.__setattr__(config, name, default)
+        return
+    least = 0 if allow_zero else 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < least or (most is not None and value > most):
+        bound = f" and at most {most}" if most is not None else ""
+        raise ValueError(f"{name} must be a{' non-negative' if allow_zero else ' positive'} number of {unit}{bound}, "
+                         f"got {value!r}")
+
+
+def default_memory_budget_bytes() -> int:
+    """A worker's default budget for buffered elements: a quarter of the host's memory (1 GiB
+    if it cannot be read), so several workers and the pipelines themselves fit beside it."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+    return max(64 << 20, total // 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class DispatcherConfig:
     """Configuration of a dispatcher.
@@ -120,6 +148,14 @@ class DispatcherConfig:
       tls_client_ca: PEM file of a CA: with it, every client must present a certificate it signed
         (mutual TLS). Needs ``tls_cert``.
       tls: the ``TlsSettings`` read from those files (set by the constructor; None without TLS).
+      max_dataset_def_bytes: the largest pipeline definition ``register_dataset`` accepts (default
+        32 MiB, at most ``MAX_DATASET_DEF_LIMIT_BYTES``): a pipeline that captures a large array
+        should read it from a file instead.
+      recover_journal: start even though the journal or checkpoint in ``work_dir`` is damaged, from
+        what is valid up to the damage, logging what is dropped (an operator's decision: updates
+        after the damage are lost). Without it a damaged work_dir refuses to start.
+      finished_jobs_kept: finished jobs the dispatcher keeps listing in its status (default 100); older
+        ones leave the state, and only their count remains.
     """
 
     port: int = 0
@@ -137,6 +173,9 @@ class DispatcherConfig:
     tls_key: Optional[str] = None
     tls_client_ca: Optional[str] = None
     tls: Optional[TlsSettings] = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    max_dataset_def_bytes: Optional[int] = None
+    recover_journal: bool = False
+    finished_jobs_kept: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
@@ -150,6 +189,11 @@ class DispatcherConfig:
         _positive_ms(self, "job_gc_timeout_ms", 300_000)
         _positive_ms(self, "worker_timeout_ms", 10_000)
         _positive_ms(self, "client_timeout_ms", 60_000)
+        _positive(self, "max_dataset_def_bytes", DEFAULT_DATASET_DEF_BYTES, "bytes", MAX_DATASET_DEF_LIMIT_BYTES)
+        _positive(self, "finished_jobs_kept", 100, "jobs", None, allow_zero=True)
+        if self.recover_journal and not self.fault_tolerant_mode:
+            raise ValueError("recover_journal=True only applies to fault_tolerant_mode: set fault_tolerant_mode=True "
+                             "and work_dir to the damaged journal's directory")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +223,15 @@ class WorkerConfig:
       tls_ca: PEM file of the CA the worker verifies the dispatcher with (None reads
         DATASERVICE_TLS_CA; neither: the dispatcher is reached in plaintext).
       tls: the ``TlsSettings`` read from those files (set by the constructor; None without any).
+      memory_budget_bytes: the most all of this worker's tasks buffer ahead of their readers, in
+        all (default a quarter of the host's memory); a task stops producing while the worker is
+        at its budget, and a task with nothing buffered may always produce one element.
+      data_idle_timeout_ms: a data-transfer connection with no request for this long is closed (default
+        5 min); readers reconnect on their next request.
+      data_request_timeout_ms: a data-transfer request (or handshake) must arrive whole within this
+        long of its first byte (default 10 s), or the connection is closed.
+      data_max_connections: data-transfer connections served at once (default 1024); more are refused
+        with an error naming the limit.
     """
 
     dispatcher_address: str
@@ -197,6 +250,10 @@ class WorkerConfig:
     tls_ca: Optional[str] = None
     tls_client_ca: Optional[str] = None
     tls: Optional[TlsSettings] = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    memory_budget_bytes: Optional[int] = None
+    data_idle_timeout_ms: Optional[int] = None
+    data_request_timeout_ms: Optional[int] = None
+    data_max_connections: Optional[int] = None
 
     def __post_init__(self) -> None:
         channel_address(self.dispatcher_address, "dispatcher")
@@ -219,3 +276,7 @@ class WorkerConfig:
             raise ValueError(f"worker_address must be 'host:port' (may contain %port%), got {self.worker_address!r}")
         _positive_ms(self, "heartbeat_interval_ms", 1_000)
         _positive_ms(self, "dispatcher_timeout_ms", 60_000)
+        _positive(self, "memory_budget_bytes", default_memory_budget_bytes(), "bytes", None)
+        _positive_ms(self, "data_idle_timeout_ms", 300_000)
+        _positive_ms(self, "data_request_timeout_ms", 10_000)
+        _positive(self, "data_max_connections", 1024, "connections", None)
