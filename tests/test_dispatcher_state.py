@@ -338,14 +338,16 @@ def test_idle_iteration_is_garbage_collected_after_the_timeout(core, clock):
     assert core.collect_garbage() == []
     clock.advance(0.2)
     assert core.collect_garbage() == [it.iteration_id]
-    assert core.state.iterations[it.iteration_id].state is IterationState.GARBAGE_COLLECTED
-    assert core.state.tasks[task_id].finished
+    # Collected, the job leaves the state with its iteration and task: nothing of it can be read.
+    assert (job_id, it.iteration_id, task_id) not in (core.state.jobs, core.state.iterations, core.state.tasks)
+    assert job_id not in core.state.jobs and task_id not in core.state.tasks
+    assert core.state.jobs_pruned == 1 and "j" not in core.state.jobs_by_name
     assert core.collect_garbage() == []  # collected once
     assert list(heartbeat(core, "w1:1", current=[task_id]).tasks_to_delete) == [task_id]
-    with pytest.raises(errors.NotFoundError, match="garbage collected"):
+    with pytest.raises(errors.NotFoundError, match="left the dispatcher.s state; a new read under the job name .j. starts a new job"):
         iteration(core, job_id)
-    # Another repetition of the job is a new iteration.
-    assert iteration(core, job_id, 1).iteration_id != it.iteration_id
+    # Its name starts a new job.
+    assert job(core, core.state.datasets and next(iter(core.state.datasets)), name="j") != job_id
 
 
 def test_a_new_client_keeps_an_idle_iteration_alive(core, clock):
@@ -362,16 +364,64 @@ def test_a_new_client_keeps_an_idle_iteration_alive(core, clock):
 
 
 def test_silent_client_is_released_and_then_its_iteration_collected(core, clock):
-    it = iteration(core, job(core, register(core)))
+    heartbeat(core, "w1:1")
+    it = iteration(core, job(core, register(core), name="shared"))
+    (task_id,) = core.state.iterations[it.iteration_id].tasks
     clock.advance(4)
     core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
+    heartbeat(core, "w1:1", current=[task_id])
     clock.advance(4)
-    assert core.collect_garbage() == [] and it.client_id in core.state.clients
+    core.check_liveness()
+    assert it.client_id in core.state.clients
     clock.advance(1.1)  # 5.1 s since the last heartbeat: past client_timeout_ms
-    assert core.collect_garbage() == []
+    heartbeat(core, "w1:1", current=[task_id])
+    core.check_liveness()  # on its own clock, without waiting for the garbage collector
     assert it.client_id not in core.state.clients
-    clock.advance(10.1)
+    assert not core.state.tasks[task_id].revoked  # another reader may still join the shared job
+    clock.advance(2.6)  # nobody read it for client_timeout_ms / 2: its task stops, the worker frees it
+    heartbeat(core, "w1:1", current=[task_id])
+    core.check_liveness()
+    assert core.state.tasks[task_id].revoked
+    assert list(heartbeat(core, "w1:1", current=[task_id]).tasks_to_delete) == [task_id]
+    clock.advance(7.5)
     assert core.collect_garbage() == [it.iteration_id]
+
+
+def test_an_anonymous_job_ends_and_leaves_the_state_when_its_reader_goes(core, clock):
+    heartbeat(core, "w1:1")
+    job_id = job(core, register(core))
+    it = iteration(core, job_id)
+    (task_id,) = core.state.iterations[it.iteration_id].tasks
+    clock.advance(5.1)
+    heartbeat(core, "w1:1", current=[task_id])
+    core.check_liveness()  # silent past client_timeout_ms: nobody else may read an anonymous job
+    assert job_id not in core.state.jobs and it.iteration_id not in core.state.iterations
+    assert list(heartbeat(core, "w1:1", current=[task_id]).tasks_to_delete) == [task_id]
+
+
+def test_finished_named_jobs_beyond_the_kept_number_leave_the_state(clock):
+    core = DispatcherCore(DispatcherConfig(job_gc_timeout_ms=10_000, worker_timeout_ms=10_000,
+                                           client_timeout_ms=5_000, finished_jobs_kept=3), clock=clock)
+    heartbeat(core, "w1:1")
+    dataset = register(core)
+    jobs = []
+    for n in range(6):
+        job_id = job(core, dataset, name=f"job-{n}")
+        it = iteration(core, job_id)
+        (task_id,) = core.state.iterations[it.iteration_id].tasks
+        heartbeat(core, "w1:1", current=[task_id], finished=[task_id])  # produced everything: finished
+        assert core.state.iterations[it.iteration_id].finished
+        core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id,
+                                                                       read_key=it.read_key))
+        assert core.state.iterations[it.iteration_id].pruned and task_id not in core.state.tasks
+        jobs.append(job_id)
+    assert sorted(core.state.jobs) == jobs[-3:] and core.state.jobs_pruned == 3
+    # A late reader of a kept job's finished repetition is told at once that it finished.
+    late = iteration(core, jobs[-1])
+    reply = core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=late.client_id, read_key=late.read_key))
+    assert reply.iteration_finished and not reply.tasks and not reply.more_tasks_expected
+    status = core.get_status(pb.GetStatusRequest())
+    assert (status.counts.jobs, status.counts.jobs_pruned, status.counts.jobs_finished) == (3, 3, 6)
 
 
 # --- replay ----------------------------------------------------------------------------------
@@ -397,16 +447,18 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
         client_id=it.client_id, read_key=it.read_key, stopped_tasks=[t1],
         progress=[state_pb2.SplitProgress(stream_id=0, split_index=0, ranges=[0, 5], total=5),
                   state_pb2.SplitProgress(stream_id=0, split_index=1, ranges=[0, 2], total=-1)]))
-    other = iteration(core, job(core, b))
-    for t in core.state.iterations[other.iteration_id].tasks:
-        worker = core.state.tasks[t].worker_address
-        heartbeat(core, worker, uid=core.state.workers[worker].uid, current=[t], finished=[t])
-    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=other.client_id, read_key=other.read_key))
+    for name in ("other", ""):  # a finished named iteration leaves a stub; an anonymous job leaves
+        other = iteration(core, job(core, b, name=name))
+        for t in core.state.iterations[other.iteration_id].tasks:
+            worker = core.state.tasks[t].worker_address
+            heartbeat(core, worker, uid=core.state.workers[worker].uid, current=[t], finished=[t])
+        core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=other.client_id,
+                                                                       read_key=other.read_key))
     clock.advance(100)
     core.collect_garbage()
 
     every_kind = {f.name for f in state_pb2.Update.DESCRIPTOR.oneofs_by_name["kind"].fields}
-    assert recorder.kinds() == every_kind - {"iteration_snapshot", "id_floor"}  # those are for checkpoints
+    assert recorder.kinds() == every_kind - {"iteration_snapshot", "id_floor", "counters"}  # for checkpoints
     replayed = DispatcherState()
     for update in recorder.updates:
         replayed.apply(update)

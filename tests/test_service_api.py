@@ -14,6 +14,7 @@ import time
 import pytest
 
 from dataservice import Dataset, ShardingPolicy, distribute, errors, from_dataset_id, register_dataset
+from dataservice.proto import dispatcher_pb2 as pb
 from tests.cluster import TestCluster, wait_until
 from tests.elements import ints
 
@@ -170,7 +171,7 @@ def test_each_iteration_of_a_named_job_is_a_new_iteration(cluster):
         assert sorted(ints(dataset)) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     # repeat() iterates its input again: three more iterations of the same job.
     assert collections.Counter(ints(dataset.repeat(3))) == {i: 6 for i in range(5)}
-    status = cluster.dispatcher.core.get_status(None)
+    status = cluster.dispatcher.core.get_status(pb.GetStatusRequest())
     (job,) = [j for j in status.jobs if j.job_name == "epochs"]
     assert len(job.iterations) == 6
 

@@ -17,8 +17,10 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
+import itertools
 import logging
 import secrets
 import threading
@@ -27,6 +29,7 @@ import uuid
 from typing import Callable, Iterable, Optional, Protocol
 
 from dataservice import errors
+from dataservice.dispatcher.rpc_stats import RpcStats
 from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
@@ -77,6 +80,17 @@ READ_KEY_BYTES = 32
 
 #: How long GetSplit waits for a split to come free before telling the task to ask again.
 SPLIT_WAIT_S = 1.0
+#: Long polls (WorkerHeartbeat, GetSplit) that may wait at once. The server has 32 RPC threads:
+#: beyond this many, a long poll is answered at once, so waiting calls can never hold every
+#: thread and starve the calls a read needs (a worker answered early waits on its own side).
+LONG_POLL_SLOTS = 12
+#: New tasks one WorkerHeartbeat answer carries at most; the answer says there are more, and the
+#: worker asks again at once. Keeps the reply small however many iterations are created at once.
+MAX_NEW_TASKS_PER_HEARTBEAT = 256
+#: Pruned jobs whose names the dispatcher remembers, to tell a late client what became of its job.
+PRUNED_JOBS_REMEMBERED = 10_000
+#: Items each list of GetStatus holds unless the request asks for another number.
+STATUS_ITEMS = 100
 
 NOT_SPLITTABLE = -2
 INFINITE = -1
@@ -106,6 +120,15 @@ class DispatcherCore:
         # after a restart every current client is asked again).
         self._awaiting_stop: dict[int, set] = {}
         self._iteration_idle_since: dict[int, float] = {}
+        self._long_polls = 0
+        # Recently pruned jobs' names, for the error a late client gets (volatile, bounded).
+        self._pruned_jobs: dict[int, str] = {}
+        # Finished named jobs still in the state, oldest first (volatile: rebuilt from the state).
+        self._finished_jobs: dict[int, None] = {
+            job.job_id: None for job in sorted(self.state.jobs.values(), key=lambda j: j.job_id)
+            if job.name and self._job_done(job)}
+        #: Per-RPC latency, recorded by the gRPC adapter and reported by GetStatus.
+        self.rpc_stats = RpcStats()
         #: Recent decisions, for tests and the status page to assert on.
         self.events: collections.deque = collections.deque(maxlen=1000)
 
@@ -221,7 +244,14 @@ class DispatcherCore:
         with self._cond:
             job = self.state.jobs.get(req.job_id)
             if job is None:
-                raise errors.NotFoundError(f"job {req.job_id} does not exist")
+                name = self._pruned_jobs.get(req.job_id)
+                if name is None:
+                    raise errors.NotFoundError(f"job {req.job_id} does not exist: it was never created here, or it "
+                                               f"finished and left the dispatcher's state long ago")
+                free = name and name not in self.state.jobs_by_name
+                hint = f"; a new read under the job name {name!r} starts a new job" if free else ""
+                raise errors.NotFoundError(f"job {req.job_id} finished (or no client read it for "
+                                           f"{self.config.job_gc_timeout_ms} ms) and left the dispatcher's state{hint}")
             iteration = self.state.find_iteration(req.job_id, req.repetition)
             existing = iteration is not None
             if existing and not job.name and not (
@@ -238,9 +268,6 @@ class DispatcherCore:
                     iteration_id=iteration_id, job_id=req.job_id, repetition=req.repetition,
                     read_key=secrets.token_bytes(READ_KEY_BYTES), creator_token=req.request_token)))
                 self._event("create_iteration", iteration_id=iteration_id, job_id=req.job_id)
-                for address in list(self.state.workers):
-                    if not self._worker_lost(address):
-                        self._assign_tasks(address)
                 iteration = self.state.iterations[iteration_id]
             elif iteration.state is IterationState.GARBAGE_COLLECTED:
                 free = job.name and self.state.jobs_by_name.get(job.name) == job.job_id and self._job_collected(job)
@@ -253,6 +280,11 @@ class DispatcherCore:
                 client_id=client_id, iteration_id=iteration.iteration_id)))
             self._client_seen[client_id] = self._clock()
             self._iteration_idle_since.pop(iteration.iteration_id, None)
+            if not iteration.finished:
+                # Tasks exist only while an iteration has readers (see _assign_tasks).
+                for address in list(self.state.workers):
+                    if not self._worker_lost(address):
+                        self._assign_tasks(address, only=iteration)
             return dispatcher_pb2.GetOrCreateIterationResponse(iteration_id=iteration.iteration_id,
                                                                client_id=client_id, existing=existing,
                                                                read_key=iteration.read_key)
@@ -269,7 +301,7 @@ class DispatcherCore:
         self._event("create_task", task_id=task_id, iteration_id=iteration_id, worker=worker_address,
                     stream_id=stream_id)
 
-    def _assign_tasks(self, address: str) -> None:
+    def _assign_tasks(self, address: str, only=None) -> None:
         """Gives a live worker a task in every running iteration it has none in.
 
         A worker coming back (restarted, or heard from again after being declared
@@ -278,13 +310,17 @@ class DispatcherCore:
         the revoked task; in distributed_epoch it simply draws splits again.
         """
         worker = self.state.workers[address]
+        candidates = [only] if only is not None else list(self.state.active_iterations.values())
+        # An iteration nobody reads gets no task (its readers left: see _release_client); one
+        # gets tasks again when a reader joins.
+        candidates = [it for it in candidates if it.clients and not it.finished]
+        if not candidates:
+            return
         by_iteration: dict[int, list] = {}
         for task_id in worker.tasks:
             task = self.state.tasks[task_id]
             by_iteration.setdefault(task.iteration_id, []).append(task)
-        for iteration in list(self.state.iterations.values()):
-            if iteration.finished:
-                continue
+        for iteration in candidates:
             mine = by_iteration.get(iteration.iteration_id, [])
             if any(not t.revoked for t in mine):
                 continue
@@ -389,8 +425,59 @@ class DispatcherCore:
         self._commit(state_pb2.Update(release_iteration_client=state_pb2.ReleaseIterationClientUpdate(
             client_id=client_id)))
         self._client_seen.pop(client_id, None)
-        if not self.state.iterations[iteration_id].clients:
+        iteration = self.state.iterations[iteration_id]
+        if not iteration.clients:
             self._iteration_idle_since[iteration_id] = self._clock()
+            self._left_unread(iteration)
+
+    # --- pruning ------------------------------------------------------------------------
+    def _left_unread(self, iteration) -> None:
+        """The last reader of ``iteration`` left. An anonymous job has one reader, its creator, so
+        nobody can read it again: it ends and leaves the state now. A finished iteration of a named
+        job leaves only a stub (a later reader of that repetition learns at once that it finished).
+        An unfinished one waits for another reader for job_gc_timeout_ms; its tasks are stopped
+        after client_timeout_ms / 2 (see check_liveness)."""
+        job = self.state.jobs[iteration.job_id]
+        if not job.name:
+            if not iteration.finished:
+                self._commit(state_pb2.Update(finish_iteration=state_pb2.FinishIterationUpdate(
+                    iteration_id=iteration.iteration_id, garbage_collected=True)))
+                self._event("garbage_collect", iteration_id=iteration.iteration_id, why="its reader left")
+            self._prune_job(job)
+        elif iteration.finished:
+            self._prune_iteration(iteration)
+
+    def _prune_iteration(self, iteration) -> None:
+        if iteration.pruned:
+            return
+        self._commit(state_pb2.Update(prune_iteration=state_pb2.PruneIterationUpdate(
+            iteration_id=iteration.iteration_id)))
+        self._event("prune_iteration", iteration_id=iteration.iteration_id)
+        job = self.state.jobs[iteration.job_id]
+        if self._job_done(job):
+            self._finished_jobs[job.job_id] = None
+            while len(self._finished_jobs) > self.config.finished_jobs_kept:
+                oldest = next(iter(self._finished_jobs))
+                old_job = self.state.jobs.get(oldest)
+                if old_job is None or not self._job_done(old_job):
+                    del self._finished_jobs[oldest]  # pruned already, or read again
+                else:
+                    self._prune_job(old_job)
+
+    def _job_done(self, job) -> bool:
+        """Every iteration of ``job`` finished and nobody reads it."""
+        iterations = [self.state.iterations[i] for i in job.iterations.values()]
+        return bool(iterations) and all(it.finished and not it.clients for it in iterations)
+
+    def _prune_job(self, job) -> None:
+        self._commit(state_pb2.Update(prune_job=state_pb2.PruneJobUpdate(job_id=job.job_id)))
+        for iteration_id in job.iterations.values():
+            self._iteration_idle_since.pop(iteration_id, None)
+        self._finished_jobs.pop(job.job_id, None)
+        self._pruned_jobs[job.job_id] = job.name
+        while len(self._pruned_jobs) > PRUNED_JOBS_REMEMBERED:
+            del self._pruned_jobs[next(iter(self._pruned_jobs))]
+        self._event("prune_job", job_id=job.job_id, job_name=job.name)
 
     # --- workers ------------------------------------------------------------------
     def worker_heartbeat(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatResponse:
@@ -403,15 +490,29 @@ class DispatcherCore:
         with self._cond:
             state = self.state
             self._record_worker(req)  # assigns the worker its tasks
-            while True:
-                response = self._worker_news(req.worker_address, req.current_tasks)
-                remaining = deadline - time.monotonic()
-                if response.new_tasks or response.tasks_to_delete or remaining <= 0:
-                    return response
-                # Long poll: a task created for this worker wakes us at once.
-                self._wait(state, remaining)
-                self._worker_seen[req.worker_address] = self._clock()
-                self._assign_tasks(req.worker_address)
+            with self._long_poll() as may_wait:
+                while True:
+                    response = self._worker_news(req.worker_address, req.current_tasks)
+                    remaining = deadline - time.monotonic()
+                    if response.new_tasks or response.tasks_to_delete or remaining <= 0 or not may_wait:
+                        return response
+                    # Long poll: a task created for this worker wakes us at once.
+                    self._wait(state, remaining)
+                    self._worker_seen[req.worker_address] = self._clock()
+                    self._assign_tasks(req.worker_address)
+
+    @contextlib.contextmanager
+    def _long_poll(self):
+        """Yields whether this call may wait (the caller holds the lock): at most LONG_POLL_SLOTS
+        calls wait at once; the others answer at once and their callers wait on their side."""
+        if self._long_polls >= LONG_POLL_SLOTS:
+            yield False
+            return
+        self._long_polls += 1
+        try:
+            yield True
+        finally:
+            self._long_polls -= 1
 
     def _worker_lost(self, address: str) -> bool:
         """Silent for longer than ``worker_timeout_ms``: a new iteration gets no task on it,
@@ -454,6 +555,8 @@ class DispatcherCore:
                 and not any(self._may_resume(iteration, key) for key in iteration.pending)):
             self._commit(state_pb2.Update(finish_iteration=state_pb2.FinishIterationUpdate(iteration_id=iteration_id)))
             self._event("finish_iteration", iteration_id=iteration_id)
+            if not iteration.clients:
+                self._left_unread(iteration)
 
     def _may_resume(self, iteration, key: tuple) -> bool:
         """A revoked split may still be produced: in distributed_epoch always (any task
@@ -480,6 +583,8 @@ class DispatcherCore:
             task = self.state.tasks[task_id]
             if not task.finished and not self.state.iterations[task.iteration_id].finished:
                 new_tasks.append(self._task_def(task_id))
+                if len(new_tasks) >= MAX_NEW_TASKS_PER_HEARTBEAT:
+                    break  # the worker asks again at once for the rest
         to_delete = []
         for task_id in sorted(current):
             task = self.state.tasks.get(task_id)
@@ -534,14 +639,22 @@ class DispatcherCore:
                     self._maybe_finish_iteration(iteration.iteration_id)
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._long_polls >= LONG_POLL_SLOTS:
                     return dispatcher_pb2.GetSplitResponse(wait=True)
-                self._wait(state, remaining)
+                with self._long_poll():
+                    self._wait(state, remaining)
 
     # --- housekeeping ---------------------------------------------------------------
-    def collect_garbage(self) -> list[int]:
-        """Releases silent clients and collects iterations idle past ``job_gc_timeout_ms``."""
-        collected = []
+    def liveness_interval_s(self) -> float:
+        """How often ``check_liveness`` must run for a silent worker or client to be noticed within
+        a quarter of its timeout (the dispatcher's own clock; not the garbage collector's)."""
+        return max(0.01, min(self.config.worker_timeout_ms, self.config.client_timeout_ms) / 4000)
+
+    def check_liveness(self) -> None:
+        """Revokes the tasks of workers silent past ``worker_timeout_ms`` (their splits are redone
+        elsewhere), releases clients silent past ``client_timeout_ms``, and stops the tasks of named
+        iterations nobody has read for ``client_timeout_ms / 2`` (their workers free what they buffered;
+        what clients hold stays theirs, and a reader joining later gets the rest produced again)."""
         with self._cond:
             now = self._clock()
             for address, worker in list(self.state.workers.items()):
@@ -554,10 +667,27 @@ class DispatcherCore:
             for client_id in list(self.state.clients):
                 # A client replayed from the journal has until client_timeout_ms after the start.
                 seen = self._client_seen.setdefault(client_id, now)
-                if now - seen > self.config.client_timeout_ms / 1000:
+                if now - seen > self.config.client_timeout_ms / 1000 and client_id in self.state.clients:
                     log.warning("client %d silent for %d ms: releasing it", client_id, self.config.client_timeout_ms)
                     self._event("client_timeout", client_id=client_id)
                     self._release_client(client_id)
+            unread_s = self.config.client_timeout_ms / 2000
+            for iteration_id, since in list(self._iteration_idle_since.items()):
+                iteration = self.state.iterations.get(iteration_id)
+                if iteration is None or iteration.finished or iteration.clients or now - since <= unread_s:
+                    continue
+                for task_id in list(iteration.tasks):
+                    task = self.state.tasks[task_id]
+                    if not task.revoked and not task.finished:
+                        self._revoke_task(task_id, f"nobody has read its iteration for {int(unread_s * 1000)} ms")
+
+    def collect_garbage(self) -> list[int]:
+        """``check_liveness``, then collects iterations idle past ``job_gc_timeout_ms`` and prunes
+        the jobs nobody can read any more."""
+        self.check_liveness()
+        collected = []
+        with self._cond:
+            now = self._clock()
             for iteration in self.state.iterations.values():
                 # An iteration already idle when this dispatcher replayed its journal (or idle again
                 # after a rollback undid a client's join) was never released here: without this it
@@ -565,7 +695,7 @@ class DispatcherCore:
                 if not iteration.clients and iteration.state is not IterationState.GARBAGE_COLLECTED:
                     self._iteration_idle_since.setdefault(iteration.iteration_id, now)
             for iteration_id, since in list(self._iteration_idle_since.items()):
-                iteration = self.state.iterations.get(iteration_id)  # gone if a journal failure rolled it back
+                iteration = self.state.iterations.get(iteration_id)  # gone if pruned, or rolled back
                 if iteration is None or iteration.clients or iteration.state is IterationState.GARBAGE_COLLECTED:
                     self._iteration_idle_since.pop(iteration_id, None)
                     continue
@@ -576,31 +706,51 @@ class DispatcherCore:
                     self._event("garbage_collect", iteration_id=iteration_id)
                     log.info("garbage collected iteration %d of job %d", iteration_id, iteration.job_id)
                     collected.append(iteration_id)
+            for job in list(self.state.jobs.values()):
+                if self._job_collected(job):
+                    # Its name (if any) is free again: a new read under it starts a new job.
+                    self._prune_job(job)
         return collected
 
     # --- status -------------------------------------------------------------------
     def get_status(self, req: dispatcher_pb2.GetStatusRequest) -> dispatcher_pb2.GetStatusResponse:
+        """What the dispatcher holds: counts of everything, and at most ``max_items`` (default
+        STATUS_ITEMS) workers, datasets and jobs (running jobs first, then the most recently
+        finished), so the reply stays small however large the cluster or its history."""
+        limit = req.max_items or STATUS_ITEMS
         with self._cond:
             s = self.state
-            workers = [dispatcher_pb2.WorkerStatus(address=w.address,
-                                                   last_heartbeat_unix=self._worker_seen_unix.get(w.address, 0.0),
-                                                   tasks=sorted(t for t in w.tasks if not s.tasks[t].finished))
-                       for w in s.workers.values()]
+            workers = []
+            for w in itertools.islice(s.workers.values(), limit):
+                unfinished = sorted(t for t in w.tasks if not s.tasks[t].finished)
+                workers.append(dispatcher_pb2.WorkerStatus(
+                    address=w.address, last_heartbeat_unix=self._worker_seen_unix.get(w.address, 0.0),
+                    tasks=unfinished[:limit], num_tasks=len(unfinished)))
             datasets = [dispatcher_pb2.DatasetStatus(dataset_id=d.dataset_id, fingerprint=d.fingerprint,
                                                      num_splits=d.num_splits, size_bytes=len(d.dataset_def))
-                        for d in s.datasets.values()]
-            jobs = []
+                        for d in itertools.islice(reversed(s.datasets.values()), limit)]
+            running, finished = [], []
             for job in s.jobs.values():
                 iterations = [s.iterations[i] for i in job.iterations.values()]
+                done = bool(iterations) and all(i.finished for i in iterations)
+                (finished if done else running).append((job, iterations, done))
+            jobs = []
+            for job, iterations, done in running[:limit] + finished[::-1][:max(0, limit - len(running))]:
                 jobs.append(dispatcher_pb2.JobStatus(
                     job_id=job.job_id, job_name=job.name, dataset_id=job.dataset_id,
-                    processing_mode=job.processing_mode,
-                    finished=bool(iterations) and all(i.finished for i in iterations),
+                    processing_mode=job.processing_mode, finished=done,
                     num_clients=sum(len(i.clients) for i in iterations),
-                    iterations=[i.iteration_id for i in iterations],
+                    iterations=[i.iteration_id for i in iterations][-limit:],
                     garbage_collected=any(i.state is IterationState.GARBAGE_COLLECTED for i in iterations)))
-            return dispatcher_pb2.GetStatusResponse(workers=workers, datasets=datasets, jobs=jobs,
-                                                    dispatcher_incarnation=self.incarnation)
+            counts = dispatcher_pb2.StatusCounts(
+                workers=len(s.workers), datasets=len(s.datasets), jobs=len(s.jobs), iterations=len(s.iterations),
+                tasks=len(s.tasks), clients=len(s.clients), jobs_finished=len(finished) + s.jobs_pruned,
+                jobs_pruned=s.jobs_pruned)
+        latency = [dispatcher_pb2.RpcLatency(method=m.method, calls=m.calls, p50_ms=m.p50_ms, p99_ms=m.p99_ms,
+                                             max_ms=m.max_ms) for m in self.rpc_stats.summary()]
+        return dispatcher_pb2.GetStatusResponse(workers=workers, datasets=datasets, jobs=jobs,
+                                                dispatcher_incarnation=self.incarnation, counts=counts,
+                                                rpc_latency=latency)
 
 
 #: The longest worker address accepted: a host name is at most 253 characters, plus ":port".

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Optional
 
 from dataservice.dispatcher.core import DispatcherCore
@@ -102,7 +103,7 @@ class DispatchServer:
     def _open_store(self) -> JournaledStore:
         """Replays the journal before anything is served. JournalError naming ``work_dir`` if it
         cannot be written; JournalCorruptionError naming file and offset if it is corrupted."""
-        store = JournaledStore(self._config.work_dir)
+        store = JournaledStore(self._config.work_dir, recover=self._config.recover_journal)
         try:
             store.open()
         except BaseException:
@@ -114,10 +115,19 @@ class DispatchServer:
         return store
 
     def _gc_loop(self) -> None:
-        interval = self._config.job_gc_check_interval_ms / 1000
-        while not self._stopped.wait(interval):
+        # Silent workers and clients are noticed on their own clock (a quarter of their timeouts),
+        # not only when the garbage collector runs.
+        core = self.core
+        gc_interval = self._config.job_gc_check_interval_ms / 1000
+        next_gc = time.monotonic() + gc_interval
+        while not self._stopped.wait(min(core.liveness_interval_s(), max(0.0, next_gc - time.monotonic()))):
             try:
-                self.core.collect_garbage()
+                if time.monotonic() >= next_gc:
+                    next_gc = time.monotonic() + gc_interval
+                    core.collect_garbage()
+                else:
+                    core.check_liveness()
+                core.wait_durable()
             except Exception:  # keep collecting; a bug here must not stop the dispatcher
                 log.exception("garbage collection failed")
 

@@ -24,7 +24,14 @@ from dataservice.proto import state_pb2
 from dataservice.service.intervals import OffsetSet
 
 __all__ = ["DispatcherState", "DatasetInfo", "WorkerInfo", "JobInfo", "IterationInfo", "TaskInfo", "ClientInfo",
-           "IterationState"]
+           "IterationState", "StateUpdateError"]
+
+
+class StateUpdateError(ValueError):
+    """An update that does not fit the state: it names an object that does not exist (or one
+    that already does). ``apply`` checks before it changes anything, so the state is unchanged.
+    The core never commits such an update; met while replaying a journal, it means the journal
+    lost records the update depends on, and the start is refused (see journal.py)."""
 
 
 @dataclasses.dataclass
@@ -70,6 +77,8 @@ class IterationInfo:
     next_split: int = 0
     tasks: list = dataclasses.field(default_factory=list)
     clients: set = dataclasses.field(default_factory=set)
+    # Finished, without clients, and its tasks and bookkeeping dropped (PruneIterationUpdate).
+    pruned: bool = False
     # Delivery bookkeeping, keyed by (stream id, split index): see record_progress.
     leases: dict = dataclasses.field(default_factory=dict)    # key -> task producing it
     pending: dict = dataclasses.field(default_factory=dict)   # key -> revoked task that held it
@@ -112,6 +121,11 @@ class DispatcherState:
         self.iterations: dict[int, IterationInfo] = {}
         self.tasks: dict[int, TaskInfo] = {}
         self.clients: dict[int, ClientInfo] = {}
+        #: Iterations not finished yet: what a worker may get tasks for (kept apart so that
+        #: thousands of finished ones cost a heartbeat nothing).
+        self.active_iterations: dict[int, IterationInfo] = {}
+        #: Finished jobs that left the state (PruneJobUpdate), since the state began.
+        self.jobs_pruned = 0
         self._next_id = first_id  # one id space for everything: ids are never reused
 
     def next_id(self) -> int:
@@ -134,18 +148,35 @@ class DispatcherState:
 
     # --- the only way to change the state -------------------------------------
     def apply(self, update: state_pb2.Update) -> None:
+        """Applies ``update``; StateUpdateError (and no change) if it does not fit the state."""
         kind = update.WhichOneof("kind")
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
-            raise ValueError(f"unknown state update {kind!r}")
+            raise StateUpdateError(f"unknown state update {kind!r}")
         handler(getattr(update, kind))
 
+    # Each handler checks everything it will look up before it changes anything.
+    def _need(self, table: dict, key, what: str, update: str):
+        value = table.get(key)
+        if value is None:
+            raise StateUpdateError(f"{update} names {what} {key}, which does not exist")
+        return value
+
+    def _new(self, table: dict, key, what: str, update: str) -> None:
+        if key in table:
+            raise StateUpdateError(f"{update} creates {what} {key}, which already exists")
+        if key <= 0 if isinstance(key, int) else not key:
+            raise StateUpdateError(f"{update} creates {what} {key!r}: not a valid id")
+
     def _apply_register_dataset(self, u: state_pb2.RegisterDatasetUpdate) -> None:
+        self._new(self.datasets, u.dataset_id, "dataset", "register_dataset")
         self.datasets[u.dataset_id] = DatasetInfo(u.dataset_id, u.fingerprint, u.dataset_def, u.num_splits)
         self.datasets_by_fingerprint[u.fingerprint] = u.dataset_id
         self._saw_id(u.dataset_id)
 
     def _apply_register_worker(self, u: state_pb2.RegisterWorkerUpdate) -> None:
+        if not u.worker_address:
+            raise StateUpdateError("register_worker has no worker address")
         existing = self.workers.get(u.worker_address)
         if existing is None:
             self.workers[u.worker_address] = WorkerInfo(u.worker_address, u.worker_uid, u.data_address)
@@ -154,6 +185,8 @@ class DispatcherState:
             existing.data_address = u.data_address
 
     def _apply_create_job(self, u: state_pb2.CreateJobUpdate) -> None:
+        self._new(self.jobs, u.job_id, "job", "create_job")
+        self._need(self.datasets, u.dataset_id, "dataset", f"create_job {u.job_id}")
         self.jobs[u.job_id] = JobInfo(u.job_id, u.job_name, u.dataset_id, u.processing_mode)
         if u.job_name:
             # A known name is re-bound: the core creates a job under a taken name only once the
@@ -162,16 +195,29 @@ class DispatcherState:
         self._saw_id(u.job_id)
 
     def _apply_create_iteration(self, u: state_pb2.CreateIterationUpdate) -> None:
-        self.iterations[u.iteration_id] = IterationInfo(u.iteration_id, u.job_id, u.repetition,
-                                                        read_key=u.read_key, creator_token=u.creator_token)
-        self.jobs[u.job_id].iterations[u.repetition] = u.iteration_id
+        what = f"create_iteration {u.iteration_id}"
+        self._new(self.iterations, u.iteration_id, "iteration", "create_iteration")
+        job = self._need(self.jobs, u.job_id, "job", what)
+        if u.repetition in job.iterations:
+            raise StateUpdateError(f"{what}: repetition {u.repetition} of job {u.job_id} already has iteration "
+                                   f"{job.iterations[u.repetition]}")
+        iteration = IterationInfo(u.iteration_id, u.job_id, u.repetition, read_key=u.read_key,
+                                  creator_token=u.creator_token)
+        self.iterations[u.iteration_id] = iteration
+        self.active_iterations[u.iteration_id] = iteration
+        job.iterations[u.repetition] = u.iteration_id
         self._saw_id(u.iteration_id)
 
     def _apply_create_task(self, u: state_pb2.CreateTaskUpdate) -> None:
+        what = f"create_task {u.task_id}"
+        self._new(self.tasks, u.task_id, "task", "create_task")
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
+        worker = self._need(self.workers, u.worker_address, "worker", what)
+        if iteration.pruned:
+            raise StateUpdateError(f"{what}: iteration {u.iteration_id} was pruned")
         self.tasks[u.task_id] = TaskInfo(u.task_id, u.iteration_id, u.worker_address, stream_id=u.stream_id)
-        iteration = self.iterations[u.iteration_id]
         iteration.tasks.append(u.task_id)
-        self.workers[u.worker_address].tasks.add(u.task_id)
+        worker.tasks.add(u.task_id)
         if self.jobs[iteration.job_id].processing_mode == state_pb2.PARALLEL_EPOCHS:
             # The task's whole output is split 0 of its stream; a task taking over a
             # revoked stream takes over its lease.
@@ -182,20 +228,29 @@ class DispatcherState:
         self._saw_id(u.task_id)
 
     def _apply_finish_task(self, u: state_pb2.FinishTaskUpdate) -> None:
-        self.tasks[u.task_id].finished = True
+        self._need(self.tasks, u.task_id, "task", "finish_task").finished = True
 
     def _apply_acquire_iteration_client(self, u: state_pb2.AcquireIterationClientUpdate) -> None:
+        self._new(self.clients, u.client_id, "client", "acquire_iteration_client")
+        # A pruned iteration may still get clients: a reader of a named job reaching a repetition
+        # that already finished is told so by its heartbeat (finished, no tasks).
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", f"acquire_iteration_client {u.client_id}")
         self.clients[u.client_id] = ClientInfo(u.client_id, u.iteration_id)
-        self.iterations[u.iteration_id].clients.add(u.client_id)
+        iteration.clients.add(u.client_id)
         self._saw_id(u.client_id)
 
     def _apply_release_iteration_client(self, u: state_pb2.ReleaseIterationClientUpdate) -> None:
-        client = self.clients.pop(u.client_id)
+        client = self._need(self.clients, u.client_id, "client", "release_iteration_client")
+        del self.clients[u.client_id]
         self.iterations[client.iteration_id].clients.discard(u.client_id)
 
     def _apply_assign_split(self, u: state_pb2.AssignSplitUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
-        task = self.tasks[u.task_id]
+        what = f"assign_split of split {u.split_index}"
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
+        task = self._need(self.tasks, u.task_id, "task", what)
+        if task.iteration_id != u.iteration_id:
+            raise StateUpdateError(f"{what}: task {u.task_id} belongs to iteration {task.iteration_id}, "
+                                   f"not {u.iteration_id}")
         task.last_request_id, task.last_split = u.request_id, u.split_index
         key = (task.stream_id, u.split_index)
         iteration.leases[key] = u.task_id
@@ -205,7 +260,11 @@ class DispatcherState:
             iteration.next_split = max(iteration.next_split, u.split_index + 1)
 
     def _apply_record_progress(self, u: state_pb2.RecordProgressUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", "record_progress")
+        for p in u.progress:
+            if len(p.ranges) % 2:
+                raise StateUpdateError(f"record_progress for iteration {u.iteration_id}: split "
+                                       f"({p.stream_id}, {p.split_index}) has an odd number of range bounds")
         for p in u.progress:
             key = (p.stream_id, p.split_index)
             if key in iteration.done:
@@ -222,7 +281,7 @@ class DispatcherState:
                     table.pop(key, None)
 
     def _apply_revoke_task(self, u: state_pb2.RevokeTaskUpdate) -> None:
-        task = self.tasks[u.task_id]
+        task = self._need(self.tasks, u.task_id, "task", "revoke_task")
         task.revoked = True
         task.finished = True
         iteration = self.iterations[task.iteration_id]
@@ -232,20 +291,61 @@ class DispatcherState:
                 iteration.pending[key] = u.task_id
 
     def _apply_finish_iteration(self, u: state_pb2.FinishIterationUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", "finish_iteration")
         iteration.state = IterationState.GARBAGE_COLLECTED if u.garbage_collected else IterationState.FINISHED
+        self.active_iterations.pop(u.iteration_id, None)
+        if u.garbage_collected:
+            for task_id in iteration.tasks:
+                self.tasks[task_id].finished = True
+
+    def _apply_prune_iteration(self, u: state_pb2.PruneIterationUpdate) -> None:
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", "prune_iteration")
+        if not iteration.finished or iteration.clients:
+            raise StateUpdateError(f"prune_iteration: iteration {u.iteration_id} is "
+                                   f"{'not finished' if not iteration.finished else 'still read by clients'}")
+        self._drop_tasks(iteration)
+        iteration.pruned = True
+        iteration.leases, iteration.pending, iteration.progress, iteration.totals = {}, {}, {}, {}
+        iteration.done = set()
+
+    def _drop_tasks(self, iteration: IterationInfo) -> None:
         for task_id in iteration.tasks:
-            task = self.tasks[task_id]
-            if u.garbage_collected:
-                task.finished = True
+            task = self.tasks.pop(task_id)
+            worker = self.workers.get(task.worker_address)
+            if worker is not None:
+                worker.tasks.discard(task_id)
+        iteration.tasks = []
+
+    def _apply_prune_job(self, u: state_pb2.PruneJobUpdate) -> None:
+        job = self._need(self.jobs, u.job_id, "job", "prune_job")
+        iterations = [self.iterations[i] for i in job.iterations.values()]
+        if any(not it.finished or it.clients for it in iterations):
+            raise StateUpdateError(f"prune_job: job {u.job_id} still has an unfinished or read iteration")
+        for iteration in iterations:
+            self._drop_tasks(iteration)
+            del self.iterations[iteration.iteration_id]
+        del self.jobs[u.job_id]
+        if job.name and self.jobs_by_name.get(job.name) == u.job_id:
+            del self.jobs_by_name[job.name]
+        self.jobs_pruned += 1
+
+    def _apply_counters(self, u: state_pb2.CountersUpdate) -> None:
+        self.jobs_pruned = u.jobs_pruned
 
     def _apply_id_floor(self, u: state_pb2.IdFloorUpdate) -> None:
         self._next_id = max(self._next_id, u.next_id)
 
     def _apply_iteration_snapshot(self, u: state_pb2.IterationSnapshotUpdate) -> None:
-        iteration = self.iterations[u.iteration_id]
+        what = f"iteration_snapshot of iteration {u.iteration_id}"
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
+        if u.state not in _STATE_CODES:
+            raise StateUpdateError(f"{what}: unknown iteration state {u.state}")
+        for last in u.last_assignments:
+            self._need(self.tasks, last.task_id, "task", what)
         iteration.next_split = u.next_split
         iteration.state = _STATE_CODES[u.state]
+        if iteration.finished:
+            self.active_iterations.pop(u.iteration_id, None)
         iteration.leases = {(lease.stream_id, lease.split_index): lease.task_id for lease in u.leases}
         iteration.pending = {(lease.stream_id, lease.split_index): lease.task_id for lease in u.pending}
         iteration.progress = {(p.stream_id, p.split_index): OffsetSet.from_flat(p.ranges)
@@ -264,7 +364,8 @@ class DispatcherState:
         clients), not on how many updates led here.
         """
         U = state_pb2.Update
-        out: list[state_pb2.Update] = [U(id_floor=state_pb2.IdFloorUpdate(next_id=self._next_id))]
+        out: list[state_pb2.Update] = [U(id_floor=state_pb2.IdFloorUpdate(next_id=self._next_id)),
+                                       U(counters=state_pb2.CountersUpdate(jobs_pruned=self.jobs_pruned))]
         for d in self.datasets.values():
             out.append(U(register_dataset=state_pb2.RegisterDatasetUpdate(
                 dataset_id=d.dataset_id, fingerprint=d.fingerprint, dataset_def=d.dataset_def,
@@ -311,6 +412,8 @@ class DispatcherState:
                 last_assignments=[Lease(stream_id=self.tasks[t].stream_id, split_index=self.tasks[t].last_split,
                                         task_id=t, request_id=self.tasks[t].last_request_id)
                                   for t in it.tasks if self.tasks[t].last_split >= 0])))
+            if it.pruned:
+                out.append(U(prune_iteration=state_pb2.PruneIterationUpdate(iteration_id=it.iteration_id)))
         return out
 
 
