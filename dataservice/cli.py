@@ -569,6 +569,7 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
             "last_heartbeat_unix": w.last_heartbeat_unix,
             "last_heartbeat_s_ago": round(max(0.0, now - w.last_heartbeat_unix), 3) if w.last_heartbeat_unix else None,
             "tasks": list(w.tasks),
+            "num_tasks": w.num_tasks,
         } for w in response.workers],
         "datasets": [{
             "dataset_id": d.dataset_id,
@@ -586,7 +587,17 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
             "iterations": list(j.iterations),
             "garbage_collected": j.garbage_collected,
         } for j in response.jobs],
+        "counts": {field: getattr(response.counts, field) for field in _COUNT_FIELDS},
+        "rpc_latency_ms": {r.method: {"calls": r.calls, "p50": round(r.p50_ms, 3), "p99": round(r.p99_ms, 3),
+                                      "max": round(r.max_ms, 3)} for r in response.rpc_latency},
     }
+
+
+_COUNT_FIELDS = ("workers", "datasets", "jobs", "iterations", "tasks", "clients", "jobs_finished", "jobs_pruned")
+
+
+def _shown(listed: list, total: int, what: str) -> str:
+    return f"{what}: {total}" + (f" (showing {len(listed)})" if len(listed) < total else "")
 
 
 def _table(headers: Sequence[str], rows: list[Sequence[Any]], out: TextIO) -> None:
@@ -608,21 +619,34 @@ def format_status(status: dict, out: TextIO) -> None:
     """Writes ``status_as_dict``'s result as readable tables."""
     out.write(f"dispatcher {status['dispatcher']}" +
               (f" (incarnation {status['incarnation'][:12]})" if status["incarnation"] else "") + "\n")
-    out.write(f"\nworkers: {len(status['workers'])}\n")
+    counts = status.get("counts") or {}
+    out.write(f"\n{_shown(status['workers'], counts.get('workers', len(status['workers'])), 'workers')}\n")
     if status["workers"]:
         _table(["ADDRESS", "LAST HEARTBEAT", "TASKS"],
-               [[w["address"], _ago(w["last_heartbeat_s_ago"]), _ids(w["tasks"])] for w in status["workers"]], out)
-    out.write(f"\ndatasets: {len(status['datasets'])}\n")
+               [[w["address"], _ago(w["last_heartbeat_s_ago"]),
+                 _ids(w["tasks"]) + (f" (+{w['num_tasks'] - len(w['tasks'])})" if w.get("num_tasks", 0) > len(w["tasks"])
+                                     else "")] for w in status["workers"]], out)
+    out.write(f"\n{_shown(status['datasets'], counts.get('datasets', len(status['datasets'])), 'datasets')}\n")
     if status["datasets"]:
         _table(["ID", "FINGERPRINT", "SPLITS", "SIZE"],
                [[d["dataset_id"], d["fingerprint"][:16], d["num_splits"] if d["num_splits"] >= 0 else "-",
                  f"{d['size_bytes']:,} B"] for d in status["datasets"]], out)
-    out.write(f"\njobs: {len(status['jobs'])}\n")
+    jobs_line = _shown(status["jobs"], counts.get("jobs", len(status["jobs"])), "jobs")
+    if counts.get("jobs_finished"):
+        jobs_line += f"; {counts['jobs_finished']} finished since the state began, {counts.get('jobs_pruned', 0)} of " \
+                     f"them pruned"
+    out.write(f"\n{jobs_line}\n")
     if status["jobs"]:
         _table(["ID", "NAME", "DATASET", "MODE", "FINISHED", "CLIENTS", "ITERATIONS", "GARBAGE COLLECTED"],
                [[j["job_id"], j["job_name"] or "-", j["dataset_id"], j["processing_mode"],
                  "yes" if j["finished"] else "no", j["num_clients"], _ids(j["iterations"]),
                  "yes" if j["garbage_collected"] else "no"] for j in status["jobs"]], out)
+    latency = status.get("rpc_latency_ms") or {}
+    if latency:
+        out.write("\nRPC latency (recent calls):\n")
+        _table(["METHOD", "CALLS", "P50 MS", "P99 MS", "MAX MS"],
+               [[m, v["calls"], f"{v['p50']:.2f}", f"{v['p99']:.2f}", f"{v['max']:.2f}"] for m, v in latency.items()],
+               out)
 
 
 def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

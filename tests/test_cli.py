@@ -185,21 +185,26 @@ def test_status_formats_a_table() -> None:
     from dataservice.proto import dispatcher_pb2
 
     response = dispatcher_pb2.GetStatusResponse(
-        workers=[dispatcher_pb2.WorkerStatus(address="w1:5051", last_heartbeat_unix=100.0, tasks=[4, 7])],
+        workers=[dispatcher_pb2.WorkerStatus(address="w1:5051", last_heartbeat_unix=100.0, tasks=[4, 7],
+                                             num_tasks=5)],
         datasets=[dispatcher_pb2.DatasetStatus(dataset_id=1, fingerprint="ab" * 32, num_splits=10, size_bytes=2048)],
         jobs=[dispatcher_pb2.JobStatus(job_id=2, job_name="train", dataset_id=1, processing_mode=2, finished=True,
                                        num_clients=3, iterations=[5], garbage_collected=False)],
-        dispatcher_incarnation="0123456789abcdef")
+        dispatcher_incarnation="0123456789abcdef",
+        counts=dispatcher_pb2.StatusCounts(workers=1, datasets=1, jobs=250, jobs_finished=4000, jobs_pruned=3900),
+        rpc_latency=[dispatcher_pb2.RpcLatency(method="GetSplit", calls=12, p50_ms=0.5, p99_ms=2.25, max_ms=3)])
     status = cli.status_as_dict(response, "grpc://localhost:5050", now=101.5)
     assert status["workers"] == [{"address": "w1:5051", "last_heartbeat_unix": 100.0, "last_heartbeat_s_ago": 1.5,
-                                  "tasks": [4, 7]}]
+                                  "tasks": [4, 7], "num_tasks": 5}]
+    assert status["counts"]["jobs_pruned"] == 3900 and status["rpc_latency_ms"]["GetSplit"]["p99"] == 2.25
     assert status["jobs"][0]["processing_mode"] == "distributed_epoch"
     json.dumps(status)  # plain data
     out = io.StringIO()
     cli.format_status(status, out)
     text = out.getvalue()
     for expected in ("w1:5051", "1.5 s ago", "4,7", "ID", "train", "distributed_epoch", "GARBAGE COLLECTED",
-                     "2,048 B"):
+                     "2,048 B", "4,7 (+3)", "jobs: 250 (showing 1); 4000 finished", "3900 of them pruned",
+                     "GetSplit", "2.25"):
         assert expected in text, text
 
 
