@@ -455,6 +455,7 @@ class DispatcherCore:
         self._event("prune_iteration", iteration_id=iteration.iteration_id)
         job = self.state.jobs[iteration.job_id]
         if self._job_done(job):
+            self._finished_jobs.pop(job.job_id, None)  # finished again (a later repetition): the newest now
             self._finished_jobs[job.job_id] = None
             while len(self._finished_jobs) > self.config.finished_jobs_kept:
                 oldest = next(iter(self._finished_jobs))

@@ -1,0 +1,63 @@
+"""Long polls cannot starve other RPCs: with 64 heartbeat long polls waiting (the server has 32
+RPC threads), the calls a read makes and a real worker's heartbeats are answered at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dataservice import Dataset, register_dataset
+from dataservice.dispatcher.core import LONG_POLL_SLOTS
+from dataservice.proto import dispatcher_pb2 as pb
+from dataservice.proto import state_pb2
+from dataservice.service.dispatcher_client import DispatcherClient
+from tests.cluster import TestCluster, wait_until
+
+POLLS = 64
+
+
+def test_64_long_polls_do_not_delay_a_read_or_a_workers_heartbeat():
+    # worker_timeout_ms of 60 s lets each long poll wait up to 30 s: without the slots, every
+    # RPC thread would be held that long.
+    with TestCluster(num_workers=1, worker_timeout_ms=60_000) as cluster:
+        core = cluster.dispatcher.core
+        pollers = [DispatcherClient(cluster.dispatcher_address, timeout_ms=40_000) for _ in range(4)]
+        stop = threading.Event()
+
+        def poll(i: int) -> None:
+            request = pb.WorkerHeartbeatRequest(worker_address=f"127.0.0.1:{20_000 + i}", worker_uid=f"fake-{i}",
+                                                wait_ms=30_000)
+            while not stop.is_set():
+                try:
+                    pollers[i % 4].worker_heartbeat(request)
+                except Exception:
+                    return
+                stop.wait(0.05)  # as a real worker does when answered early without news
+
+        threads = [threading.Thread(target=poll, args=(i,), daemon=True) for i in range(POLLS)]
+        for t in threads:
+            t.start()
+        client = DispatcherClient(cluster.dispatcher_address, timeout_ms=10_000)
+        try:
+            wait_until(lambda: core._long_polls >= min(POLLS, LONG_POLL_SLOTS), 10, "the long-poll slots to fill")
+            started = time.monotonic()
+            dataset_id = register_dataset(cluster.target, Dataset.range(10))
+            job_id = client.get_or_create_job(dataset_id, state_pb2.DISTRIBUTED_EPOCH, "")
+            client.get_or_create_iteration(job_id, 0)
+            status = client.get_status()
+            elapsed = time.monotonic() - started
+            # Starved, these calls would wait for a long poll to end: 30 s.
+            assert elapsed < 5, f"the calls a read makes took {elapsed:.1f} s behind {POLLS} long polls"
+            assert status.counts.workers == POLLS + 1
+            # The real worker's heartbeats keep coming: its last one is recent.
+            real = cluster.workers[0].address
+            wait_until(lambda: time.time() - {w.address: w.last_heartbeat_unix
+                                              for w in client.get_status().workers}.get(real, 0) < 1.0, 5,
+                       "a fresh heartbeat from the real worker")
+        finally:
+            stop.set()
+            client.close()
+            for p in pollers:
+                p.close()
+            for t in threads:
+                t.join(timeout=5)
