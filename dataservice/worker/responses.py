@@ -74,8 +74,10 @@ class Prepared:
 
 
 def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepared:
-    """Takes and encodes up to ``request.max_elements`` elements; UnknownTaskError, ValueError on a bad
-    request, ReadKeyError (before anything is taken) for a request without the task's read key."""
+    """Takes and encodes up to ``request.max_elements`` elements (the first request for a task starts
+    its pipeline); UnknownTaskError (also for a task deleted meanwhile), ValueError on a bad request,
+    ReadKeyError (before anything is taken, and before the task starts) for a request without the
+    task's read key."""
     if request.max_elements <= 0:
         raise ValueError("GetElements: max_elements must be positive")
     runner = worker.find_task(request.task_id, TASK_ARRIVAL_WAIT_S)
@@ -92,6 +94,10 @@ def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepa
             f"anonymous job its creator alone, for a named job every reader of that job_name")
     wait_s = min(max(request.wait_ms, 0) / 1000, MAX_WAIT_S)
     elements, runs, ended, error = runner.take(request.max_elements, request.max_bytes or CHUNK_BYTES, wait_s)
+    if runner.stopped and not elements and not runs:
+        # Deleted by the dispatcher (or the worker is stopping) while the request waited: its buffer
+        # is gone, so an empty answer must not read as the task's end.
+        raise UnknownTaskError(f"task {request.task_id} was deleted from worker {worker.address}")
     if error is not None and not elements:
         return Prepared(failure_header(error, worker.address), None)
     try:

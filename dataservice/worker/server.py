@@ -5,6 +5,11 @@ holds and which have finished, and the dispatcher answers as soon as it has a
 new task for it (or after ``heartbeat_interval_ms``), so a new job starts
 without waiting for a heartbeat period.
 
+A task announced by the dispatcher runs only once a reader asks for its elements
+(see ``task_runner``), and what all tasks buffer ahead of their readers stays
+within ``WorkerConfig.memory_budget_bytes`` (``memory_budget``). A task the
+dispatcher deletes is stopped at once and its buffer dropped.
+
 Example::
 
     >>> worker = WorkerServer(WorkerConfig(dispatcher_address="localhost:5050"))
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import Optional
 
@@ -29,6 +35,7 @@ from dataservice.service.config import bind_address
 from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.grpc_service import add_worker_service
+from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.task_runner import TaskRunner
 
 __all__ = ["WorkerServer"]
@@ -37,13 +44,17 @@ log = logging.getLogger("dataservice.worker")
 
 #: How long ``start()`` waits for the first heartbeat before carrying on in the background.
 FIRST_HEARTBEAT_WAIT_S = 5.0
+#: After an answer with news, how long the next heartbeat waits: iterations created in a burst
+#: then arrive together rather than one heartbeat each (every heartbeat lists all our tasks, so
+#: one per task would cost the dispatcher time quadratic in the burst).
+NEWS_COALESCE_S = 0.02
 
 
 class _UnloadablePipeline:
     """Stands in for a pipeline this worker cannot deserialize (a module it lacks, other
-    versions than the client's). Its task fails at once with the load error, so readers learn
-    why, with this worker's address, and the task ends; otherwise the worker would retry the
-    load on every heartbeat while readers wait for a task that never starts."""
+    versions than the client's). Its task fails with the load error as soon as it is read, so
+    readers learn why, with this worker's address, and the task ends; otherwise the worker would
+    retry the load on every heartbeat while readers wait for a task that never starts."""
 
     def __init__(self, exc: errors.WorkerEnvironmentError):
         self._exc = exc
@@ -65,6 +76,8 @@ class WorkerServer:
         self._uid = ""
         self._tasks: dict[int, TaskRunner] = {}
         self._datasets: dict[int, object] = {}
+        #: What all tasks buffer ahead of their readers, together (``WorkerConfig.memory_budget_bytes``).
+        self.memory_budget = MemoryBudget(config.memory_budget_bytes)
         self._cond = threading.Condition()
         self._stopped = threading.Event()
         self._registered = threading.Event()
@@ -104,8 +117,12 @@ class WorkerServer:
         self._server = server
         self.data_address = ""
         if self._config.data_transfer_protocol == "tcp":
-            self._data_server = DataServer(self, host=self._config.host, port=self._config.data_transfer_port,
-                                           auth=self._auth, tls=server_tls)
+            config = self._config
+            self._data_server = DataServer(self, host=config.host, port=config.data_transfer_port,
+                                           auth=self._auth, tls=server_tls,
+                                           idle_timeout_s=config.data_idle_timeout_ms / 1000,
+                                           request_timeout_s=config.data_request_timeout_ms / 1000,
+                                           max_connections=config.data_max_connections)
             self._data_server.start()
             host = self.address.rsplit(":", 1)[0]
             self.data_address = f"{host}:{self._data_server.port}"
@@ -135,27 +152,70 @@ class WorkerServer:
         with self._cond:
             return sorted(self._tasks)
 
-    def _start_task(self, task_def: dispatcher_pb2.TaskDef) -> None:
-        dataset = self._datasets.get(task_def.dataset_id)
-        if dataset is None:
-            blob = self._dispatcher.get_dataset_def(task_def.dataset_id)
+    def _start_tasks(self, task_defs) -> None:
+        """Adds the tasks of one heartbeat answer (thousands, when many iterations were created at
+        once): each costs an idle ``TaskRunner``, its pipeline loaded once per dataset."""
+        # A pipeline that failed to load, or to download, is tried once per answer, not once per
+        # task of it: the next answer tries again (the worker's environment may have been fixed,
+        # the dispatcher reached). A task skipped here comes again, as we do not list it as ours.
+        unloadable: dict[int, _UnloadablePipeline] = {}
+        not_downloaded: set[int] = set()
+        runners = []
+        for task_def in task_defs:
+            if task_def.dataset_id in not_downloaded:
+                continue
             try:
-                dataset = deserialize_dataset(blob)
-                self._datasets[task_def.dataset_id] = dataset
-            except errors.WorkerEnvironmentError as exc:
-                log.warning("task %d: cannot load the pipeline of dataset %d: %s", task_def.task_id,
-                            task_def.dataset_id, exc)
-                dataset = _UnloadablePipeline(exc)
-        if not task_def.read_key:
-            log.warning("task %d (iteration %d) has no read key: its iteration was created by a dispatcher without "
-                        "read keys (replayed from an old journal), so this worker serves its elements to any "
-                        "client that asks", task_def.task_id, task_def.iteration_id)
-        runner = TaskRunner(task_def, dataset, self._dispatcher, self.address)
+                dataset = self._datasets.get(task_def.dataset_id)
+                if dataset is None:
+                    dataset = unloadable.get(task_def.dataset_id)
+                if dataset is None:
+                    try:
+                        blob = self._dispatcher.get_dataset_def(task_def.dataset_id)
+                    except errors.DataServiceError as exc:
+                        not_downloaded.add(task_def.dataset_id)
+                        log.warning("cannot download the pipeline of dataset %d for task %d (tried again at the "
+                                    "next heartbeat): %s", task_def.dataset_id, task_def.task_id, exc)
+                        continue
+                    dataset = self._load_dataset(task_def, blob)
+                    if isinstance(dataset, _UnloadablePipeline):
+                        unloadable[task_def.dataset_id] = dataset
+                if not task_def.read_key:
+                    log.warning("task %d (iteration %d) has no read key: its iteration was created by a dispatcher "
+                                "without read keys (replayed from an old journal), so this worker serves its "
+                                "elements to any client that asks", task_def.task_id, task_def.iteration_id)
+                runners.append(TaskRunner(task_def, dataset, self._dispatcher, self.address,
+                                          budget=self.memory_budget, start=False))
+            except Exception:
+                log.exception("cannot start task %d", task_def.task_id)
+        if not runners:
+            return
         with self._cond:
-            self._tasks[task_def.task_id] = runner
+            if self._stopped.is_set():
+                for runner in runners:
+                    runner.stop()  # stop() ran meanwhile: these would never be stopped
+                return
+            for runner in runners:
+                self._tasks[runner.task_id] = runner
             self._cond.notify_all()
-        log.info("started task %d (iteration %d, dataset %d)", task_def.task_id, task_def.iteration_id,
-                 task_def.dataset_id)
+        if len(runners) <= 8:
+            for runner in runners:
+                log.info("added task %d (iteration %d, dataset %d); it starts when read", runner.task_id,
+                         runner.task_def.iteration_id, runner.task_def.dataset_id)
+        else:
+            log.info("added %d tasks (ids %d ... %d); each starts when read", len(runners), runners[0].task_id,
+                     runners[-1].task_id)
+
+    def _load_dataset(self, task_def: dispatcher_pb2.TaskDef, blob: bytes):
+        """The task's pipeline from its serialized form, cached by dataset; one that cannot be
+        deserialized here becomes an ``_UnloadablePipeline`` (not cached)."""
+        try:
+            dataset = deserialize_dataset(blob)
+        except errors.WorkerEnvironmentError as exc:
+            log.warning("task %d: cannot load the pipeline of dataset %d: %s", task_def.task_id,
+                        task_def.dataset_id, exc)
+            return _UnloadablePipeline(exc)
+        self._datasets[task_def.dataset_id] = dataset
+        return dataset
 
     def _delete_task(self, task_id: int) -> None:
         with self._cond:
@@ -180,6 +240,7 @@ class WorkerServer:
         last_failure = ""
         while not self._stopped.is_set():
             try:
+                sent = time.monotonic()
                 response = self._dispatcher.worker_heartbeat(self._heartbeat_request(wait_ms))
             except errors.DataServiceError as exc:
                 if self._stopped.is_set():
@@ -204,14 +265,18 @@ class WorkerServer:
                     log.info("dispatcher %s restarted (incarnation %s -> %s)", self._config.dispatcher_address,
                              self._dispatcher_incarnation[:8], response.dispatcher_incarnation[:8])
                 self._dispatcher_incarnation = response.dispatcher_incarnation
-            for task_def in response.new_tasks:
-                try:
-                    self._start_task(task_def)
-                except Exception:
-                    log.exception("cannot start task %d", task_def.task_id)
+            self._start_tasks(response.new_tasks)
             for task_id in response.tasks_to_delete:
                 self._delete_task(task_id)
+            asked_ms = wait_ms
             wait_ms = self._config.heartbeat_interval_ms
+            if response.new_tasks or response.tasks_to_delete:
+                self._stopped.wait(NEWS_COALESCE_S)
+            else:
+                # Answered early without news: the dispatcher had no long-poll slot free (see
+                # core.LONG_POLL_SLOTS). Pause here rather than ask again at once; half the interval at most,
+                # so a dispatcher that cut a long wait short never sees us silent for longer.
+                self._stopped.wait(max(0.0, asked_ms / 2000 - (time.monotonic() - sent)))
 
     # --- lifecycle -------------------------------------------------------------------
     def join(self) -> None:

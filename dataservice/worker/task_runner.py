@@ -8,9 +8,16 @@ they hold, and a split redone after a worker loss skips exactly that. Readers
 take elements first come, first served; an exception in the pipeline is kept
 and reported to every reader, and the worker goes on with its other tasks.
 
+On a worker a task starts when a reader first asks for its elements, not when the
+dispatcher announces it (``start=False``): an iteration nobody reads costs its worker
+this object and no thread, no buffered element and (in distributed_epoch) no split lease. What a task buffers
+counts against the worker's ``MemoryBudget`` as well as its own cap (``BUFFER_BYTES``);
+a stopped task drops its buffer and returns its bytes at once.
+
 Example::
 
-    >>> runner = TaskRunner(task_def, dataset, dispatcher_client, "localhost:6000")
+    >>> runner = TaskRunner(task_def, dataset, dispatcher_client, "localhost:6000", budget=MemoryBudget(1 << 30),
+    ...                     start=False)    # runs from the first take()
     >>> elements, runs, end_of_sequence, error = runner.take(max_elements=128, max_bytes=1 << 23, wait_s=0.5)
 """
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -29,11 +37,14 @@ from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
 from dataservice.service.remote_errors import failure_header, format_failure
+from dataservice.worker.memory_budget import MemoryBudget
 
 __all__ = ["TaskRunner", "approximate_size"]
 
 log = logging.getLogger("dataservice.worker")
 
+#: The least time between two GetSplit calls of a task told to wait (the dispatcher's SPLIT_WAIT_S).
+SPLIT_RETRY_S = 1.0
 #: Marks the end of a split in a task's buffer.
 _SPLIT_END = object()
 #: Elements a task buffers ahead of its readers, at most.
@@ -56,8 +67,11 @@ def approximate_size(element: Any) -> int:
 
 
 class TaskRunner:
+    """One task; ``budget`` is the worker's (None: this task's own, of ``BUFFER_BYTES``). ``start=False``
+    defers the pipeline to the first ``take`` (or ``start()``)."""
+
     def __init__(self, task_def: dispatcher_pb2.TaskDef, dataset: Dataset, dispatcher: DispatcherClient,
-                 worker_address: str):
+                 worker_address: str, budget: Optional[MemoryBudget] = None, start: bool = True):
         self.task_def = task_def
         self.task_id = task_def.task_id
         #: What every GetElements for this task must carry (empty: not checked; see responses.prepare).
@@ -71,14 +85,51 @@ class TaskRunner:
         self._stop = threading.Event()
         self._produced_all = False
         self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._produce, name=f"dataservice-task-{self.task_id}", daemon=True)
-        self._thread.start()
+        self._account = (budget if budget is not None else MemoryBudget(BUFFER_BYTES)).account()
+        self._thread: Optional[threading.Thread] = None
+        if start:
+            self.start()
+
+    @property
+    def started(self) -> bool:
+        """The pipeline runs or ran: a reader asked for elements (or ``start()`` was called)."""
+        with self._cond:
+            return self._thread is not None
+
+    @property
+    def stopped(self) -> bool:
+        """``stop()`` was called: the task serves nothing more."""
+        return self._stop.is_set()
 
     @property
     def finished(self) -> bool:
-        """The pipeline has ended (or failed) and every element was taken."""
+        """The pipeline has ended (or failed) and every element was taken; False until it started."""
         with self._cond:
             return self._produced_all and not self._buffer
+
+    @property
+    def buffered_bytes(self) -> int:
+        with self._cond:
+            return self._buffered_bytes
+
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        """The producer thread, once started."""
+        with self._cond:
+            return self._thread
+
+    def start(self) -> None:
+        """Starts the pipeline now instead of at the first ``take`` (idempotent; nothing once stopped)."""
+        with self._cond:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._produce, name=f"dataservice-task-{self.task_id}",
+                                            daemon=True)
+            self._thread.start()
+            log.info("started task %d (iteration %d, dataset %d)", self.task_id, self.task_def.iteration_id,
+                     self.task_def.dataset_id)
 
     def _produce(self) -> None:
         try:
@@ -86,11 +137,15 @@ class TaskRunner:
                 request_id = 0
                 while not self._stop.is_set():
                     request_id += 1  # retries inside get_split repeat it: see DispatcherCore.get_split
+                    asked = time.monotonic()
                     response = self._dispatcher.get_split(self.task_def.iteration_id, self.task_id, request_id)
                     if response.end_of_splits:
                         break
                     if response.wait:
-                        continue  # the dispatcher already waited; leased splits may still come back
+                        # Leased splits may still come back. The dispatcher waited for them, unless it had no
+                        # long-poll slot free: then wait here, so as not to ask again at once.
+                        self._stop.wait(max(0.0, SPLIT_RETRY_S - (time.monotonic() - asked)))
+                        continue
                     self._run_split(0, response.split_index, OffsetSet.from_flat(response.skip_ranges),
                                     iter((response.split_index,)))
             else:
@@ -128,12 +183,20 @@ class TaskRunner:
         self._put((_SPLIT_END, 0, stream, split, offset))
 
     def _put(self, entry: tuple) -> bool:
+        """Buffers one entry once there is room in the task and in the worker's budget; False
+        once stopped (``stop`` wakes both waits)."""
         with self._cond:
             while (len(self._buffer) >= BUFFER_ELEMENTS or self._buffered_bytes >= BUFFER_BYTES) \
                     and not self._stop.is_set():
-                self._cond.wait(0.5)
+                self._cond.wait()
             if self._stop.is_set():
                 return False
+        # Not under our lock: readers must be able to take (and so free budget) while we wait.
+        if entry[1] and not self._account.reserve(entry[1]):
+            return False
+        with self._cond:
+            if self._stop.is_set():
+                return False  # stop() closed the account: the reservation went back with it
             self._buffer.append(entry)
             self._buffered_bytes += entry[1]
             self._cond.notify_all()
@@ -143,10 +206,14 @@ class TaskRunner:
              ) -> tuple[list, list, bool, Optional[BaseException]]:
         """Up to ``max_elements`` elements (at least one unless none came within ``wait_s``), the
         runs saying where they come from ``[stream, split, first_offset, count, split_total]``,
-        whether the task has ended, and its error if it failed."""
+        whether the task has ended, and its error if it failed. The first call starts the pipeline.
+        A stopped task answers nothing at once, and never that it has ended: its elements were dropped."""
         with self._cond:
-            if not self._buffer and not self._produced_all:
-                self._cond.wait_for(lambda: self._buffer or self._produced_all, timeout=wait_s)
+            self._start_locked()
+            if not self._buffer and not self._produced_all and not self._stop.is_set():
+                self._cond.wait_for(lambda: self._buffer or self._produced_all or self._stop.is_set(), timeout=wait_s)
+            if self._stop.is_set():
+                return [], [], False, None
             out: list = []
             runs: list = []
             taken_bytes = 0
@@ -172,6 +239,7 @@ class TaskRunner:
                 else:
                     runs.append([stream, split, offset, 1, -1])
             self._buffered_bytes -= taken_bytes
+            self._account.release(taken_bytes)
             if out or runs:
                 self._cond.notify_all()
             ended = self._produced_all and not buffer
@@ -190,11 +258,20 @@ class TaskRunner:
             if total >= 0:
                 entries.append((_SPLIT_END, 0, stream, split, total))
         with self._cond:
+            if self._stop.is_set():
+                return  # deleted meanwhile: nobody will read them
+            nbytes = sum(e[1] for e in entries)
+            self._account.charge(nbytes)  # in memory already: no waiting for the budget
             self._buffer.extendleft(reversed(entries))
-            self._buffered_bytes += sum(e[1] for e in entries)
+            self._buffered_bytes += nbytes
             self._cond.notify_all()
 
     def stop(self) -> None:
+        """Ends the task now: drops its buffer, returns its bytes to the budget and wakes its
+        producer wherever it waits (for buffer room or for budget), which then ends."""
         self._stop.set()
         with self._cond:
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            self._account.close()
             self._cond.notify_all()
