@@ -1,5 +1,6 @@
 """The dispatcher's journal and JournaledStore on real files (no gRPC): framing,
-torn tails, corruption, checkpoints, group commit, and rolling back a failed write."""
+torn tails, corruption, checkpoints, group commit, and rolling back a failed write.
+The refusals of damaged work_dirs and ``recover=True`` are in test_journal_integrity.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from dataservice.service.config import DispatcherConfig
 from tests.journals import comparable, fail_writes, replay
 
 HEADER = journal_mod._HEADER.size
+#: The journal's first record: the header naming the checkpoint it continues from.
+JOURNAL_HEADER = HEADER + journal_mod.MARKER_SIZE
 
 
 def dataset_update(i: int) -> state_pb2.Update:
@@ -45,13 +48,14 @@ def journal_path(work_dir) -> str:
 
 
 def record_offsets(work_dir) -> list[int]:
-    """Where each record of the journal starts."""
+    """Where each update record of the journal starts (after its header)."""
     records, _ = read_records(journal_path(work_dir), tolerate_torn_tail=False)
     offsets, offset = [], 0
     for _, payload in records:
         offsets.append(offset)
         offset += HEADER + len(payload)
-    return offsets
+    assert offsets[0] == 0 and journal_mod._JOURNAL_MAGIC in records[0][1]
+    return offsets[1:]
 
 
 def state_from(updates) -> DispatcherState:
@@ -71,6 +75,8 @@ def state_of(updates) -> list[bytes]:
 def test_records_round_trip_with_sequence_numbers(tmp_path):
     updates = write_journal(tmp_path, 20)
     records, end = read_records(journal_path(tmp_path), tolerate_torn_tail=False)
+    header, *records = records
+    assert header[0] == 0 and journal_mod._JOURNAL_MAGIC in header[1]  # continues from the empty state
     assert [seq for seq, _ in records] == list(range(1, 21))
     assert end == os.path.getsize(journal_path(tmp_path))
     assert replay(tmp_path) == updates
@@ -94,43 +100,44 @@ def test_append_after_close_is_a_journal_error(tmp_path):
 
 
 # --- torn tails --------------------------------------------------------------------------------
+# A torn write is one the crash interrupted: never acknowledged, so past what the MANIFEST says
+# is durable. (The end of the acknowledged records removed is refused: test_journal_integrity.py.)
 
-def _truncated_header(data: bytes, last: int) -> bytes:
-    return data[:last + 5]
-
-
-def _truncated_body(data: bytes, last: int) -> bytes:
-    return data[:-3]
+def _truncated_header(frame: bytes) -> bytes:
+    return frame[:5]
 
 
-def _bad_crc_on_last(data: bytes, last: int) -> bytes:
-    flipped = bytearray(data)
+def _truncated_body(frame: bytes) -> bytes:
+    return frame[:-3]
+
+
+def _bad_crc(frame: bytes) -> bytes:
+    flipped = bytearray(frame)
     flipped[-1] ^= 0x40
     return bytes(flipped)
 
 
-@pytest.mark.parametrize("tear", [_truncated_header, _truncated_body, _bad_crc_on_last],
-                         ids=["truncated-header", "truncated-body", "bad-crc-on-last"])
-def test_torn_last_record_is_dropped_with_a_warning(tmp_path, caplog, tear):
+@pytest.mark.parametrize("tear", [_truncated_header, _truncated_body, _bad_crc],
+                         ids=["truncated-header", "truncated-body", "bad-crc"])
+def test_torn_last_write_is_dropped_with_a_warning(tmp_path, caplog, tear):
     updates = write_journal(tmp_path, 5)
-    last = record_offsets(tmp_path)[-1]
-    with open(journal_path(tmp_path), "rb") as f:
-        data = f.read()
-    with open(journal_path(tmp_path), "wb") as f:
-        f.write(tear(data, last))
+    valid_end = os.path.getsize(journal_path(tmp_path))
+    unacknowledged = journal_mod._frame(6, dataset_update(6).SerializeToString())
+    with open(journal_path(tmp_path), "ab") as f:
+        f.write(tear(unacknowledged))
 
     journal = Journal(str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="dataservice.dispatcher.journal"):
-        assert journal.open() == updates[:4]
-    assert f"torn tail at offset {last}" in caplog.text
+        assert journal.open() == updates
+    assert f"torn tail at offset {valid_end}" in caplog.text
     # The torn bytes are cut off: the next record lands where the last good one ended.
-    assert os.path.getsize(journal_path(tmp_path)) == last
+    assert os.path.getsize(journal_path(tmp_path)) == valid_end
     seq = journal.append(dataset_update(50))
     journal.wait_durable(seq)
     journal.close()
-    assert seq == 5  # the torn record's number is reused: it was never acknowledged
-    assert record_offsets(tmp_path)[-1] == last
-    assert replay(tmp_path) == updates[:4] + [dataset_update(50)]
+    assert seq == 6  # the torn record's number is reused: it was never acknowledged
+    assert record_offsets(tmp_path)[-1] == valid_end
+    assert replay(tmp_path) == updates + [dataset_update(50)]
 
 
 def _small_length_then_junk() -> bytes:
@@ -192,12 +199,13 @@ def test_corrupted_checkpoint_stops_the_open(tmp_path):
     store.wait_durable()
     store.close()
     checkpoint = os.path.join(str(tmp_path), journal_mod.CHECKPOINT_FILE)
+    inside_first_update = HEADER + journal_mod.MARKER_SIZE + HEADER + 5  # after the marker record
     with open(checkpoint, "r+b") as f:
-        f.seek(HEADER + 5)  # inside the first update after the marker record
+        f.seek(inside_first_update)
         byte = f.read(1)
-        f.seek(HEADER + 5)
+        f.seek(inside_first_update)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(JournalCorruptionError, match="checkpoint.bin"):
+    with pytest.raises(JournalCorruptionError, match=f"offset {HEADER + journal_mod.MARKER_SIZE} in .*checkpoint.bin"):
         replay(tmp_path)
 
 
@@ -245,8 +253,8 @@ def test_checkpoints_bound_the_journal_and_replay_to_the_same_state(tmp_path):
 
 
 def test_crash_between_checkpoint_and_truncate_skips_covered_records(tmp_path):
-    """The checkpoint is renamed into place, then the process dies before the journal
-    is truncated: the stale records carry sequence numbers the checkpoint covers."""
+    """The checkpoint is renamed into place, then the process dies before the new journal
+    replaces the old one: the stale records carry sequence numbers the checkpoint covers."""
     updates = write_journal(tmp_path, 10)
     with open(journal_path(tmp_path), "rb") as f:
         before_truncate = f.read()
@@ -255,9 +263,9 @@ def test_crash_between_checkpoint_and_truncate_skips_covered_records(tmp_path):
     replayed = journal.open()
     journal.checkpoint(state_from(replayed).to_updates(), journal.last_seq)
     journal.close()
-    assert os.path.getsize(journal_path(tmp_path)) == 0
+    assert os.path.getsize(journal_path(tmp_path)) == JOURNAL_HEADER  # a new journal: just its header
     with open(journal_path(tmp_path), "wb") as f:
-        f.write(before_truncate)  # as if the truncate never happened
+        f.write(before_truncate)  # as if the new journal never replaced the old one
 
     journal = Journal(str(tmp_path))
     assert state_of(journal.open()) == state_of(updates)

@@ -3,7 +3,11 @@
 Every update the core commits is appended to the journal (``journal.py``), then
 applied; the RPC that caused it answers only once ``wait_durable`` has seen it
 fsynced. ``open`` rebuilds the state by replaying checkpoint + journal through
-the same ``DispatcherState.apply``.
+the same ``DispatcherState.apply``, which checks every update against the state
+before it: one that names something that does not exist (the journal lost the
+records it depends on) refuses the start, naming the file, offset and sequence
+number, like any other damage (see journal.py). With ``recover=True``
+(``--recover-journal``) the start goes on from the valid prefix instead, loudly.
 
 If a journal write fails, the in-memory state is ahead of the disk. The store
 rolls back: under the core's lock it rebuilds the state from the durable
@@ -14,8 +18,8 @@ reads, and every change fails until a later attempt to reopen succeeds.
 
 Example::
 
-    >>> store = JournaledStore("/var/lib/dataservice")
-    >>> store.open()                                   # replay
+    >>> store = JournaledStore("/var/lib/dataservice")   # recover=True: start from the valid prefix
+    >>> store.open()                                   # replay (JournalCorruptionError if damaged)
     >>> core = DispatcherCore(config, store=store)     # binds the store to the core's lock
     >>> store.close()                                  # on stop
 """
@@ -25,10 +29,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 from dataservice.dispatcher.core import first_id_now
-from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, Journal, JournalError
+from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, Journal, JournalError, Replay
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.proto import state_pb2
 
@@ -40,9 +44,11 @@ log = logging.getLogger("dataservice.dispatcher.journal")
 class JournaledStore:
     """The StateStore of fault-tolerant mode; see the module docstring."""
 
-    def __init__(self, work_dir: str, checkpoint_records: int = DEFAULT_CHECKPOINT_RECORDS):
+    def __init__(self, work_dir: str, checkpoint_records: int = DEFAULT_CHECKPOINT_RECORDS, recover: bool = False):
         self.work_dir = work_dir
         self.checkpoint_records = checkpoint_records
+        #: Start from the valid prefix of a damaged journal instead of refusing (an operator's decision).
+        self.recover = recover
         self.state = DispatcherState(first_id=first_id_now())
         self.journal: Optional[Journal] = None
         #: Updates replayed by ``open`` and how long it took (for the start-up log and tests).
@@ -68,17 +74,17 @@ class JournaledStore:
     # --- start and stop -------------------------------------------------------------------
     def open(self) -> None:
         """Replays checkpoint + journal into a fresh state; JournalError naming ``work_dir``
-        if it cannot be written, JournalCorruptionError naming file and offset if corrupted."""
+        if it cannot be written, JournalCorruptionError naming file and offset if damaged
+        (unless ``recover``: then the valid prefix is kept and the rest logged and set aside)."""
         started = time.monotonic()
         journal = Journal(self.work_dir, self.checkpoint_records)
-        updates = journal.open()
-        try:
-            self.state = _rebuild(updates, first_id=first_id_now(), source=self.work_dir)
-        except BaseException:
-            journal.close()
-            raise
+        journal.check_work_dir()  # before reading: an unwritable work_dir is named as such
+        replay = journal.read()
+        state = _rebuild(replay, first_id_now(), self.recover)
+        journal.open(recover=self.recover, replay=replay, snapshot=state.to_updates)
+        self.state = state
         self.journal = journal
-        self.replayed_updates = len(updates)
+        self.replayed_updates = len(replay.records)
         self.replay_seconds = time.monotonic() - started
         if journal.needs_checkpoint():
             # A long journal (the previous run crashed before checkpointing): make the next start fast.
@@ -173,8 +179,9 @@ class JournaledStore:
         first_id = max(first_id_now(), self.state.next_id())
         fresh = Journal(self.work_dir, self.checkpoint_records)
         try:
-            updates = fresh.open(durable_end=durable_end)
-            state = _rebuild(updates, first_id, source=self.work_dir)
+            replay = fresh.read(durable_end)
+            state = _rebuild(replay, first_id, recover=False)
+            fresh.open(durable_end=durable_end, replay=replay)
         except Exception as exc:
             fresh.close()
             first_failure = self._broken is None
@@ -184,8 +191,11 @@ class JournaledStore:
             self._broken, self._durable_end = exc, durable_end  # the next reopen must still cut there
             if first_failure or self._state_ahead:  # otherwise the state is rolled back already
                 try:
-                    self.state = _rebuild(Journal(self.work_dir).replay(durable_end), first_id,
-                                          source=self.work_dir)
+                    replay = Journal(self.work_dir).read(durable_end)
+                    state = _rebuild(replay, first_id, recover=False)
+                    if replay.damages:
+                        raise replay.error()
+                    self.state = state
                     self._state_ahead = False
                 except Exception as read_exc:
                     self._state_ahead = True
@@ -217,13 +227,20 @@ def _reason(exc: BaseException) -> str:
     return str(cause)
 
 
-def _rebuild(updates: Iterable[state_pb2.Update], first_id: int, source: str) -> DispatcherState:
-    state = DispatcherState(first_id=first_id)
-    for index, update in enumerate(updates):
-        try:
-            state.apply(update)
-        except Exception as exc:
-            raise JournalError(f"replaying update {index} ({update.WhichOneof('kind')}) from {source!r} failed: "
-                               f"{type(exc).__name__}: {exc}") from exc
-    return state
-
+def _rebuild(replay: Replay, first_id: int, recover: bool) -> DispatcherState:
+    """The state ``replay``'s records rebuild. An update that does not fit the state before it
+    (``StateUpdateError``; any exception, to be safe) is rejected: ``replay`` records the damage,
+    naming the record's file, offset and seq. Without ``recover`` that ends it (``open`` then
+    refuses); with it, the state is rebuilt from the shorter prefix."""
+    while True:
+        state = DispatcherState(first_id=first_id)
+        for index, record in enumerate(replay.records):
+            try:
+                state.apply(record.update)
+            except Exception as exc:
+                replay.reject(index, exc)
+                break
+        else:
+            return state
+        if not recover:
+            return state
