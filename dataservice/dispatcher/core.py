@@ -718,7 +718,7 @@ class DispatcherCore:
         """What the dispatcher holds: counts of everything, and at most ``max_items`` (default
         STATUS_ITEMS) workers, datasets and jobs (running jobs first, then the most recently
         finished), so the reply stays small however large the cluster or its history."""
-        limit = req.max_items or STATUS_ITEMS
+        limit = max(0, req.max_items) or STATUS_ITEMS
         with self._cond:
             s = self.state
             workers = []

@@ -1,5 +1,10 @@
-"""The dispatcher's thin gRPC adapter: each RPC calls the core and maps our
-exceptions to status codes. No logic lives here.
+"""The dispatcher's thin gRPC adapter: each RPC checks its request's bounds
+(``request_checks``), calls the core, and waits until what it changed is durable.
+
+``rpc.add_service`` does the rest: it parses each request itself (bytes that are not a
+valid request: INVALID_ARGUMENT, never INTERNAL), maps our exceptions to status codes,
+logs refusals and bugs at most once a minute per method and kind, and times every call
+into ``core.rpc_stats`` (what ``GetStatus`` reports as per-RPC latency).
 
 Example::
 
@@ -10,13 +15,14 @@ Example::
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import grpc
 
-from dataservice import errors
 from dataservice.dispatcher.core import DispatcherCore
-from dataservice.proto import dispatcher_pb2_grpc
-from dataservice.service.rpc import abort_with
+from dataservice.dispatcher.request_checks import check_request
+from dataservice.proto import dispatcher_pb2
+from dataservice.service.rpc import add_service
 
 __all__ = ["add_dispatcher_service"]
 
@@ -34,26 +40,27 @@ _METHODS = {
     "GetStatus": "get_status",
 }
 
+_SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"]
 
-def _adapt(core: DispatcherCore, method: str):
+
+def _adapt(core: DispatcherCore, rpc: str, method: str) -> Callable:
     handler = getattr(core, method)
 
-    def rpc(self, request, context: grpc.ServicerContext):
-        try:
-            response = handler(request)
-            core.wait_durable()
-            return response
-        except errors.DataServiceError as exc:
-            abort_with(context, exc)
-        except Exception as exc:  # a bug: log it here, report INTERNAL to the caller
-            log.exception("%s failed", method)
-            abort_with(context, exc)
+    def call(request):
+        check_request(rpc, request, core.config)
+        response = handler(request)
+        core.wait_durable()
+        return response
 
-    rpc.__name__ = method
-    return rpc
+    call.__name__ = rpc
+    return call
 
 
 def add_dispatcher_service(server: grpc.Server, core: DispatcherCore) -> None:
-    servicer_type = type("DispatcherServicer", (dispatcher_pb2_grpc.DispatcherServicer,),
-                         {rpc: _adapt(core, method) for rpc, method in _METHODS.items()})
-    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(servicer_type(), server)
+    def record(rpc: str, seconds: float) -> None:
+        stats = getattr(core, "rpc_stats", None)  # a core without latency statistics records nothing
+        if stats is not None:
+            stats.record(rpc, seconds)
+
+    add_service(server, _SERVICE, {rpc: _adapt(core, rpc, method) for rpc, method in _METHODS.items()}, log,
+                record=record)

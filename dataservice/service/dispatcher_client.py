@@ -46,6 +46,7 @@ from dataservice.service.auth import NONCE_KEY, ClusterAuth, check_proof, new_no
 from dataservice.service.endpoint_probe import EndpointKind, Probe, probe_endpoint
 from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel
 from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, probe_tls
+from dataservice.service.config import MAX_DATASET_DEF_LIMIT_BYTES
 
 __all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE"]
 
@@ -124,6 +125,12 @@ class DispatcherClient:
             raise
 
     def register_dataset(self, dataset_def: bytes, num_splits: int) -> int:
+        if len(dataset_def) > MAX_DATASET_DEF_LIMIT_BYTES:
+            # No dispatcher accepts it, and gRPC would refuse to send it with a message naming neither.
+            raise errors.InvalidRequestError(
+                f"RegisterDataset: the pipeline's definition is {len(dataset_def):,} bytes, more than any dispatcher "
+                f"accepts ({MAX_DATASET_DEF_LIMIT_BYTES:,} bytes). A pipeline this large usually captures a big array "
+                f"or object: read it from a file inside the pipeline instead")
         return self._call("RegisterDataset", dispatcher_pb2.RegisterDatasetRequest(
             dataset_def=dataset_def, num_splits=num_splits)).dataset_id
 

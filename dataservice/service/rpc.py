@@ -8,29 +8,41 @@ status codes at the server boundary (``abort_with``), and status codes become
 our exceptions again at the client boundary (``translate``): no bare
 ``grpc.RpcError`` reaches a user.
 
+Services are registered with ``add_service``, whose handlers parse their own requests: a
+request that is not a valid protobuf of its type is answered INVALID_ARGUMENT with one
+rate-limited log line, where gRPC's generated code would answer INTERNAL and log a traceback
+per call.
+
 Example::
 
     >>> server, port = create_server("127.0.0.1:0", services=("dataservice.Dispatcher",))
+    >>> add_service(server, dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"],
+    ...             {"GetStatus": core.get_status, ...}, logging.getLogger("dataservice.dispatcher"))
     >>> server.start()
     >>> channel = make_channel(f"127.0.0.1:{port}")
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from concurrent import futures
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import grpc
+from google.protobuf import message as protobuf_message
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataservice import errors
 from dataservice.service.auth import AuthInterceptor, ClusterAuth, credential_metadata
+from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 
-__all__ = ["create_server", "make_channel", "translate", "abort_with", "call_with_retry", "MAX_MESSAGE_BYTES",
-           "CHUNK_BYTES", "RETRYABLE_CODES"]
+__all__ = ["create_server", "add_service", "make_channel", "translate", "abort_with", "call_with_retry",
+           "MAX_MESSAGE_BYTES", "CHUNK_BYTES", "RETRYABLE_CODES"]
 
 #: Largest gRPC message either side accepts. Elements larger than a message
 #: travel in several chunks, so this never caps an element's size.
@@ -77,6 +89,109 @@ def create_server(address: str, services: Sequence[str] = (), max_workers: int =
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return server, port
+
+
+def add_service(server: grpc.Server, service: ServiceDescriptor, implementations: Mapping[str, Callable[[Any], Any]],
+                logger: logging.Logger, record: Optional[Callable[[str, float], None]] = None) -> None:
+    """Serves ``service`` on ``server`` under its usual paths (``/dataservice.Dispatcher/GetSplit``):
+    method ``name`` by ``implementations[name](request)``, which returns the response, or for a
+    server-streaming method an iterator of responses.
+
+    Each handler gets the request's raw bytes and parses them itself: bytes that are not a valid
+    request answer INVALID_ARGUMENT ("GetSplit: the request is not a valid dataservice.GetSplitRequest
+    (17 bytes): Wire format was corrupt"). An implementation's ``errors.DataServiceError`` becomes its
+    status code (``abort_with``); any other exception is a bug: INTERNAL. Refusals as INVALID_ARGUMENT
+    are logged as one line without a traceback, and bugs with their traceback, each at most once a minute
+    per method and kind (``RateLimitedLog``), so a flood of bad requests cannot flood the log.
+    ``record(method, seconds)`` is told how long each call took.
+    """
+    limited = RateLimitedLog(logger)
+    handlers = {}
+    for method in service.methods:
+        if method.client_streaming:
+            raise ValueError(f"{method.full_name}: client-streaming methods are not supported")
+        impl = implementations.get(method.name)
+        if impl is None:
+            raise ValueError(f"{method.full_name}: no implementation given")
+        request_type = message_factory.GetMessageClass(method.input_type)
+        serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+        # No request_deserializer: grpc hands the handler the raw bytes.
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _stream_handler(method.name, request_type, impl, limited, record), response_serializer=serialize)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _unary_handler(method.name, request_type, impl, limited, record), response_serializer=serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    # As generated code does: stubs call these paths as registered methods.
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _parse(method: str, request_type, raw: bytes, context: grpc.ServicerContext, limited: RateLimitedLog):
+    """The request, or None after aborting the call with INVALID_ARGUMENT."""
+    try:
+        return request_type.FromString(raw)
+    except protobuf_message.DecodeError as exc:
+        # "Error parsing message with type 'X': Wire format was corrupt": the type is said already.
+        reason = str(exc).rpartition("': ")[2] or type(exc).__name__
+        message = (f"{method}: the request is not a valid {request_type.DESCRIPTOR.full_name} ({len(raw):,} bytes): "
+                   f"{reason}")
+    limited.warning((method, "parse"), "%s; from %s, answered INVALID_ARGUMENT (a client of another protocol, or "
+                    "another version of dataservice?)", message, context.peer())
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+    return None  # not reached: abort raises
+
+
+def _failure(method: str, exc: Exception, context: grpc.ServicerContext, limited: RateLimitedLog) -> None:
+    """Ends the call with ``exc``'s status code, logging what an operator needs to see."""
+    code = _code_for(exc)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        limited.warning((method, "invalid"), "%s from %s refused as INVALID_ARGUMENT: %s", method, context.peer(), exc)
+    elif code is None:
+        limited.error((method, type(exc)), "%s failed with %s (a bug; the caller got INTERNAL): %s", method,
+                      type(exc).__name__, exc, exc_info=exc)
+    # Other codes (NOT_FOUND, PERMISSION_DENIED, ...) are ordinary answers: the caller is told, not the log.
+    abort_with(context, exc)
+
+
+def _unary_handler(method: str, request_type, impl: Callable, limited: RateLimitedLog,
+                   record: Optional[Callable[[str, float], None]]):
+    def handle(raw: bytes, context: grpc.ServicerContext):
+        start = time.perf_counter()
+        try:
+            request = _parse(method, request_type, raw, context, limited)
+            try:
+                return impl(request)
+            except Exception as exc:  # noqa: BLE001 - every failure gets a status code, bugs INTERNAL
+                failure = exc
+            _failure(method, failure, context, limited)  # outside the try: abort raises
+        finally:
+            if record is not None:
+                record(method, time.perf_counter() - start)
+
+    handle.__name__ = method
+    return handle
+
+
+def _stream_handler(method: str, request_type, impl: Callable, limited: RateLimitedLog,
+                    record: Optional[Callable[[str, float], None]]):
+    def handle(raw: bytes, context: grpc.ServicerContext) -> Iterator:
+        start = time.perf_counter()
+        try:
+            request = _parse(method, request_type, raw, context, limited)
+            try:
+                # A reader that goes away closes this generator: GeneratorExit reaches the implementation.
+                yield from impl(request)
+                return
+            except Exception as exc:  # noqa: BLE001 - as in _unary_handler
+                failure = exc
+            _failure(method, failure, context, limited)
+        finally:
+            if record is not None:
+                record(method, time.perf_counter() - start)
+
+    handle.__name__ = method
+    return handle
 
 
 class _CredentialInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -130,11 +245,19 @@ _FROM_CODE = {
 RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def abort_with(context: grpc.ServicerContext, exc: Exception) -> None:
-    """Ends an RPC with the status code that stands for ``exc``."""
+def _code_for(exc: Exception) -> Optional[grpc.StatusCode]:
+    """The status code that stands for ``exc``; None for INTERNAL (a bug)."""
     for kind, code in _TO_CODE:
         if isinstance(exc, kind):
-            context.abort(code, str(exc))
+            return code
+    return None
+
+
+def abort_with(context: grpc.ServicerContext, exc: Exception) -> None:
+    """Ends an RPC with the status code that stands for ``exc``."""
+    code = _code_for(exc)
+    if code is not None:
+        context.abort(code, str(exc))
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 

@@ -1,5 +1,7 @@
 """The worker's thin gRPC adapter: ``GetElements`` streams a frame of elements in chunks
-of at most ``CHUNK_BYTES``, the first carrying the header (see ``responses``).
+of at most ``CHUNK_BYTES``, the first carrying the header (see ``responses``). A request
+that does not parse, or whose fields are out of bounds (``request_checks.check_get_elements``),
+is answered INVALID_ARGUMENT (``rpc.add_service``).
 
 Example::
 
@@ -8,32 +10,38 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import grpc
 
-from dataservice.proto import worker_pb2, worker_pb2_grpc
-from dataservice.service.rpc import CHUNK_BYTES
+from dataservice import errors
+from dataservice.dispatcher.request_checks import check_get_elements
+from dataservice.proto import worker_pb2
+from dataservice.service.rpc import CHUNK_BYTES, add_service
 from dataservice.service.wire import iter_chunks
 from dataservice.worker.responses import ReadKeyError, TaskSource, UnknownTaskError, prepare
 
 __all__ = ["add_worker_service"]
 
+log = logging.getLogger("dataservice.worker")
 
-class _WorkerServicer(worker_pb2_grpc.WorkerServicer):
+
+class _WorkerServicer:
     def __init__(self, worker: TaskSource):
         self._worker = worker
 
-    def GetElements(self, request: worker_pb2.GetElementsRequest, context: grpc.ServicerContext
-                    ) -> Iterator[worker_pb2.ElementChunk]:
+    def GetElements(self, request: worker_pb2.GetElementsRequest) -> Iterator[worker_pb2.ElementChunk]:
+        check_get_elements(request)
+        # Our errors become status codes in rpc.add_service.
         try:
             prepared = prepare(self._worker, request)
         except ReadKeyError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise errors.PermissionDeniedError(str(exc)) from None
         except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise errors.InvalidRequestError(str(exc)) from None
         except UnknownTaskError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise errors.NotFoundError(str(exc)) from None
         if not prepared.parts:
             yield prepared.header
             return
@@ -53,4 +61,5 @@ class _WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def add_worker_service(server: grpc.Server, worker: TaskSource) -> None:
-    worker_pb2_grpc.add_WorkerServicer_to_server(_WorkerServicer(worker), server)
+    add_service(server, worker_pb2.DESCRIPTOR.services_by_name["Worker"],
+                {"GetElements": _WorkerServicer(worker).GetElements}, log)

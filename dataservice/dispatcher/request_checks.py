@@ -1,0 +1,228 @@
+"""The bounds every RPC's request must meet before the dispatcher's core (or a worker) sees it.
+
+The gRPC adapters call ``check_request`` (dispatcher) and ``check_get_elements`` (worker) on
+every parsed request. A field out of bounds raises ``errors.InvalidRequestError`` (gRPC
+INVALID_ARGUMENT) naming the RPC, the field, its value or size, and the bound: absurd values
+never reach the state, the journal or a worker's task. The bounds sit far beyond anything our
+own clients and workers send (an 800,000-range heartbeat of 4.8 MB passes).
+
+Worker addresses are not checked here: the core's ``worker_heartbeat`` checks them first
+thing (``core.MAX_WORKER_ADDRESS_CHARS``, host:port).
+
+Example::
+
+    >>> check_request("GetOrCreateJob", dispatcher_pb2.GetOrCreateJobRequest(
+    ...     dataset_id=7, processing_mode=state_pb2.PARALLEL_EPOCHS, job_name="x" * 300), DispatcherConfig())
+    Traceback (most recent call last):
+    dataservice.errors.InvalidRequestError: GetOrCreateJob: job_name has 300 characters, more than 256
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import numpy as np
+
+from dataservice import errors
+from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
+from dataservice.service.config import MAX_DATASET_DEF_LIMIT_BYTES, DispatcherConfig
+
+__all__ = ["check_request", "check_get_elements", "MAX_JOB_NAME_CHARS", "MAX_WORKER_UID_CHARS", "MAX_KEY_BYTES",
+           "MAX_TASK_IDS", "MAX_PROGRESS_SPLITS", "MAX_PROGRESS_RANGES", "MAX_REPETITION", "MAX_WAIT_MS"]
+
+#: GetOrCreateJob.job_name: a name people choose and read in ``dataservice status``.
+MAX_JOB_NAME_CHARS = 256
+#: WorkerHeartbeat.worker_uid: a worker sends a uuid4 in hex (32 characters).
+MAX_WORKER_UID_CHARS = 64
+#: read_key and request_token: keys are 32 bytes (core.READ_KEY_BYTES), tokens 16.
+MAX_KEY_BYTES = 64
+#: current_tasks, finished_tasks (WorkerHeartbeat) and stopped_tasks (ClientHeartbeat).
+MAX_TASK_IDS = 100_000
+#: ClientHeartbeat: progress entries (one per split), and [start, end) ranges over all of them.
+#: A reader holding 800,000 scattered ranges sends a 4.8 MB heartbeat, which must pass.
+MAX_PROGRESS_SPLITS = 1_000_000
+MAX_PROGRESS_RANGES = 2_000_000
+#: GetOrCreateIteration.repetition: a reader counts its epochs from 0.
+MAX_REPETITION = 2 ** 31 - 1
+#: WorkerHeartbeat.wait_ms and GetElements.wait_ms: the servers wait far less (the dispatcher at
+#: most worker_timeout_ms / 2, a worker 5 s); more than an hour is no plausible request.
+MAX_WAIT_MS = 3_600_000
+
+_NOT_SPLITTABLE = -2
+_MODES = {state_pb2.PARALLEL_EPOCHS: "PARALLEL_EPOCHS", state_pb2.DISTRIBUTED_EPOCH: "DISTRIBUTED_EPOCH"}
+
+
+def check_request(method: str, request, config: DispatcherConfig) -> None:
+    """Raises InvalidRequestError if a field of ``request`` (of dispatcher RPC ``method``) is out of bounds."""
+    check = _CHECKS.get(method)
+    if check is not None:
+        check(request, config)
+
+
+def check_get_elements(request: worker_pb2.GetElementsRequest) -> None:
+    """A worker's GetElements (gRPC port); raises InvalidRequestError naming the field out of bounds."""
+    rpc = "GetElements"
+    _positive_id(rpc, "task_id", request.task_id)
+    _at_least(rpc, "client_id", request.client_id, 0)
+    _at_least(rpc, "max_elements", request.max_elements, 1)
+    _at_least(rpc, "max_bytes", request.max_bytes, 0)
+    _in_range(rpc, "wait_ms", request.wait_ms, 0, MAX_WAIT_MS)
+    _max_bytes(rpc, "read_key", request.read_key, MAX_KEY_BYTES)
+
+
+# --- one check per dispatcher RPC --------------------------------------------------------------
+def _register_dataset(req: dispatcher_pb2.RegisterDatasetRequest, config: DispatcherConfig) -> None:
+    rpc = "RegisterDataset"
+    size = len(req.dataset_def)
+    if not size:
+        raise errors.InvalidRequestError(f"{rpc}: dataset_def is empty: it must hold a serialized pipeline")
+    if size > config.max_dataset_def_bytes:
+        raise errors.InvalidRequestError(
+            f"{rpc}: dataset_def is {size:,} bytes, more than this dispatcher accepts ({config.max_dataset_def_bytes:,}"
+            f" bytes: DispatcherConfig.max_dataset_def_bytes, `dataservice dispatcher --max-dataset-def-bytes`, at "
+            f"most {MAX_DATASET_DEF_LIMIT_BYTES:,}). A pipeline this large usually captures a big array or object: "
+            f"read it from a file inside the pipeline instead, or raise the limit")
+    _at_least(rpc, "num_splits", req.num_splits, _NOT_SPLITTABLE, "(-1: infinite, -2: not splittable)")
+
+
+def _get_dataset_def(req: dispatcher_pb2.GetDatasetDefRequest, config: DispatcherConfig) -> None:
+    _positive_id("GetDatasetDef", "dataset_id", req.dataset_id)
+
+
+def _get_or_create_job(req: dispatcher_pb2.GetOrCreateJobRequest, config: DispatcherConfig) -> None:
+    rpc = "GetOrCreateJob"
+    _positive_id(rpc, "dataset_id", req.dataset_id)
+    if req.processing_mode not in _MODES:
+        raise errors.InvalidRequestError(
+            f"{rpc}: processing_mode is {req.processing_mode}, not a known mode "
+            f"({', '.join(f'{v} = {n}' for v, n in sorted(_MODES.items()))})")
+    name = req.job_name
+    if len(name) > MAX_JOB_NAME_CHARS:
+        raise errors.InvalidRequestError(f"{rpc}: job_name has {len(name):,} characters, more than "
+                                         f"{MAX_JOB_NAME_CHARS}")
+    if not name.isprintable():
+        bad = next(c for c in name if not c.isprintable())
+        raise errors.InvalidRequestError(f"{rpc}: job_name {name!r} holds the unprintable character {bad!r}: "
+                                         f"use a name people can read in `dataservice status`")
+
+
+def _get_or_create_iteration(req: dispatcher_pb2.GetOrCreateIterationRequest, config: DispatcherConfig) -> None:
+    rpc = "GetOrCreateIteration"
+    _positive_id(rpc, "job_id", req.job_id)
+    _in_range(rpc, "repetition", req.repetition, 0, MAX_REPETITION)
+    _max_bytes(rpc, "request_token", req.request_token, MAX_KEY_BYTES)
+
+
+def _client_heartbeat(req: dispatcher_pb2.ClientHeartbeatRequest, config: DispatcherConfig) -> None:
+    rpc = "ClientHeartbeat"
+    _positive_id(rpc, "client_id", req.client_id)
+    _max_bytes(rpc, "read_key", req.read_key, MAX_KEY_BYTES)
+    _task_ids(rpc, "stopped_tasks", req.stopped_tasks)
+    _check_progress(rpc, req.progress)
+
+
+def _release_iteration_client(req: dispatcher_pb2.ReleaseIterationClientRequest, config: DispatcherConfig) -> None:
+    rpc = "ReleaseIterationClient"
+    _positive_id(rpc, "client_id", req.client_id)
+    _max_bytes(rpc, "read_key", req.read_key, MAX_KEY_BYTES)
+
+
+def _worker_heartbeat(req: dispatcher_pb2.WorkerHeartbeatRequest, config: DispatcherConfig) -> None:
+    rpc = "WorkerHeartbeat"
+    # worker_address and data_address: the core checks them (core._check_worker_address).
+    if len(req.worker_uid) > MAX_WORKER_UID_CHARS:
+        raise errors.InvalidRequestError(f"{rpc}: worker_uid has {len(req.worker_uid):,} characters, more than "
+                                         f"{MAX_WORKER_UID_CHARS}")
+    _task_ids(rpc, "current_tasks", req.current_tasks)
+    _task_ids(rpc, "finished_tasks", req.finished_tasks)
+    _in_range(rpc, "wait_ms", req.wait_ms, 0, MAX_WAIT_MS)
+
+
+def _get_split(req: dispatcher_pb2.GetSplitRequest, config: DispatcherConfig) -> None:
+    rpc = "GetSplit"
+    _positive_id(rpc, "iteration_id", req.iteration_id)
+    _positive_id(rpc, "task_id", req.task_id)
+    _at_least(rpc, "request_id", req.request_id, 0)
+
+
+def _get_status(req: dispatcher_pb2.GetStatusRequest, config: DispatcherConfig) -> None:
+    _at_least("GetStatus", "max_items", req.max_items, 0, "(0: the default)")
+
+
+_CHECKS: dict[str, Callable] = {
+    "RegisterDataset": _register_dataset,
+    "GetDatasetDef": _get_dataset_def,
+    "GetOrCreateJob": _get_or_create_job,
+    "GetOrCreateIteration": _get_or_create_iteration,
+    "ClientHeartbeat": _client_heartbeat,
+    "ReleaseIterationClient": _release_iteration_client,
+    "WorkerHeartbeat": _worker_heartbeat,
+    "GetSplit": _get_split,
+    "GetStatus": _get_status,
+}
+
+
+# --- fields -----------------------------------------------------------------------------------
+def _check_progress(rpc: str, progress) -> None:
+    """Delivered offsets: per split, flat [start, end) pairs with 0 <= start < end.
+
+    Runs on every heartbeat over up to millions of integers, so in numpy: 800,000 ranges take
+    about 40 ms, where a Python loop over them would take most of a second.
+    """
+    if len(progress) > MAX_PROGRESS_SPLITS:
+        raise errors.InvalidRequestError(f"{rpc}: progress has {len(progress):,} entries, more than "
+                                         f"{MAX_PROGRESS_SPLITS:,}")
+    total_ranges = 0
+    for i, p in enumerate(progress):
+        where = f"progress[{i}]"
+        _at_least(rpc, f"{where}.stream_id", p.stream_id, 0)
+        _at_least(rpc, f"{where}.split_index", p.split_index, 0)
+        _at_least(rpc, f"{where}.total", p.total, -1, "(-1: the split's end not seen yet)")
+        count = len(p.ranges)
+        if not count:
+            continue
+        if count % 2:
+            raise errors.InvalidRequestError(
+                f"{rpc}: {where}.ranges has {count:,} numbers, an odd count: it must hold [start, end) pairs")
+        total_ranges += count // 2
+        if total_ranges > MAX_PROGRESS_RANGES:
+            raise errors.InvalidRequestError(
+                f"{rpc}: progress holds more than {MAX_PROGRESS_RANGES:,} ranges (counted up to {where})")
+        flat = np.array(p.ranges, dtype=np.int64)
+        starts, ends = flat[0::2], flat[1::2]
+        wrong = (starts < 0) | (starts >= ends)
+        if wrong.any():
+            j = int(np.argmax(wrong))
+            raise errors.InvalidRequestError(
+                f"{rpc}: {where}.ranges[{2 * j}:{2 * j + 2}] is [{starts[j]}, {ends[j]}): a range must have "
+                f"0 <= start < end")
+
+
+def _task_ids(rpc: str, field: str, ids) -> None:
+    if len(ids) > MAX_TASK_IDS:
+        raise errors.InvalidRequestError(f"{rpc}: {field} has {len(ids):,} task ids, more than {MAX_TASK_IDS:,}")
+    if ids and min(ids) <= 0:
+        bad = next(itertools.filterfalse(lambda t: t > 0, ids))
+        raise errors.InvalidRequestError(f"{rpc}: {field} holds the task id {bad}: ids are positive")
+
+
+def _positive_id(rpc: str, field: str, value: int) -> None:
+    if value <= 0:
+        raise errors.InvalidRequestError(f"{rpc}: {field} is {value}: ids are positive")
+
+
+def _at_least(rpc: str, field: str, value: int, least: int, note: str = "") -> None:
+    if value < least:
+        raise errors.InvalidRequestError(f"{rpc}: {field} is {value}, less than {least}{' ' + note if note else ''}")
+
+
+def _in_range(rpc: str, field: str, value: int, least: int, most: int, note: str = "") -> None:
+    if not least <= value <= most:
+        raise errors.InvalidRequestError(f"{rpc}: {field} is {value}, outside [{least}, {most:,}]"
+                                         f"{' ' + note if note else ''}")
+
+
+def _max_bytes(rpc: str, field: str, value: bytes, most: int) -> None:
+    if len(value) > most:
+        raise errors.InvalidRequestError(f"{rpc}: {field} is {len(value):,} bytes, more than {most}")
