@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["BenchmarkError", "Proc", "ProcessGroup", "start_cluster", "run_client", "CLIENT_MODULES", "REPO",
-           "START_TIMEOUT_S"]
+__all__ = ["BenchmarkError", "Proc", "ProcessGroup", "start_cluster", "start_dispatcher_and_worker", "run_client",
+           "process_stats", "process_cpu_s", "CLIENT_MODULES", "REPO", "START_TIMEOUT_S"]
 
 REPO = Path(__file__).resolve().parents[1]
 #: Starting a Python process that imports grpc and numpy (or TensorFlow) on a loaded machine.
@@ -269,6 +269,46 @@ def start_cluster(group: ProcessGroup, kind: str, python: str, num_workers: int,
     for proc, started_line in workers:
         proc.wait_for_line(started_line, timeout_s)
     return service, client
+
+
+def start_dispatcher_and_worker(group: ProcessGroup, python: str, dispatcher_args: Sequence[str] = (),
+                                worker_args: Sequence[str] = (), timeout_s: float = START_TIMEOUT_S
+                                ) -> tuple[str, Proc, Proc]:
+    """Our dispatcher and one worker process, each given its extra command-line flags (say
+    ``["--fault-tolerant", "--work-dir", d]``, ``["--memory-budget-bytes", "67108864"]``). Returns the
+    service address (``grpc://localhost:P``) and both processes once the worker listens."""
+    dispatcher = group.spawn(_server_args("ours", python, "dispatcher") + list(dispatcher_args), "ours", "dispatcher")
+    port = int(dispatcher.wait_for_line(_SERVER_LINES["ours", "dispatcher"], timeout_s).group(1))
+    worker = group.spawn(_server_args("ours", python, "worker", port) + list(worker_args), "ours", "worker")
+    worker.wait_for_line(_SERVER_LINES["ours", "worker"], timeout_s)
+    return f"grpc://localhost:{port}", dispatcher, worker
+
+
+def process_stats(pid: int) -> tuple[Optional[float], Optional[int]]:
+    """RSS (MB, 10**6 bytes) and thread count of process ``pid`` from /proc/<pid>/status; (None, None) where
+    there is none."""
+    rss = threads = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024 / 1e6
+                elif line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, threads
+
+
+def process_cpu_s(pid: int) -> Optional[float]:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc/<pid>/stat; None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name may hold spaces and parentheses: the fields start after the last ")".
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def spawn_client(group: ProcessGroup, kind: str, python: str, service: str, client_args: Sequence[str]) -> Proc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import select
 import socket
 import ssl
 from typing import Optional, Sequence, Union
@@ -38,7 +39,7 @@ from dataservice.service import cross_memory
 from dataservice.service.rpc import make_channel, translate
 from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCOLS
 from dataservice.service.data_transfer import (CHALLENGE_BYTES, HELLO_MAGIC, REQUEST_HEADER, RESPONSE_HEADER,
-                                               UNAUTHENTICATED, recv_into_exact)
+                                               TOO_MANY_CONNECTIONS, UNAUTHENTICATED, recv_into_exact)
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
 from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, \
     is_tls_record
@@ -60,6 +61,8 @@ CONNECT_TIMEOUT_S = 5.0
 GRPC_ANSWER_TIMEOUT_S = 60.0
 #: A response header is a few numbers per element run: anything longer is not one of ours.
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+#: The longest refusal a worker at its connection limit sends in place of the handshake's CHALLENGE.
+_MAX_REFUSAL_BYTES = 4096
 
 
 class TransientError(Exception):
@@ -222,6 +225,12 @@ class TcpTransport:
     worker's certificate verified against the CA and its host name checked; the token's handshake
     and the memory-read probe run inside it. A certificate refused by either side raises
     ``PermissionDeniedError``, TLS on one side only ``WrongEndpointError``: retrying cannot help.
+
+    A worker closes a connection left idle (``data_idle_timeout_ms``): before each request this
+    transport looks whether the worker closed it, and if so opens a new one, unseen by the caller
+    (the worker read no request on the old one, so nothing is lost or sent twice). A worker at its
+    connection limit (``data_max_connections``) refuses a new connection with a message naming the
+    limit: ``TransientError``, which the reader retries with backoff like a worker it cannot reach.
     """
 
     def __init__(self, data_address: str, pool: Optional[BufferPool] = None, memory_reads: bool = True,
@@ -234,12 +243,30 @@ class TcpTransport:
         self._worker = f"worker at {self._address[0]}:{self._address[1]}"
         self._sock: Union[socket.socket, None] = None
         self._receiver: Union[_Receiver, None] = None
+        self._closed_check: Optional[select.poll] = None  # tells whether the worker closed the connection
+        #: Connections reopened because the worker had closed them (idle): for tests and diagnostics.
+        self.reopened = 0
         self._memory_reads = memory_reads and cross_memory.available()
         #: The worker's pid while this connection copies large arrays from its memory; else None.
         self.memory_pid: Optional[int] = None
         self._unread = False  # the last answer's arrays could not be copied: the worker takes them back
 
+    def _closed_by_worker(self) -> bool:
+        """Whether the worker closed our connection while it was idle: between two requests it sends
+        nothing, so anything readable now is its close (or a reset, or bytes that make no sense). One
+        poll(2) on the socket, about a microsecond; under TLS the close is readable there all the same."""
+        if self._closed_check is None:
+            return False
+        try:
+            return bool(self._closed_check.poll(0))
+        except OSError:
+            return True
+
     def _connect(self) -> tuple[socket.socket, _Receiver]:
+        if self._sock is not None and self._closed_by_worker():
+            log.debug("%s: the worker closed the connection (idle): opening a new one", self._where)
+            self.close()
+            self.reopened += 1
         if self._sock is None:
             host, port = self._address
             sock = socket.create_connection((host.strip("[]"), port), timeout=CONNECT_TIMEOUT_S)
@@ -263,6 +290,8 @@ class TcpTransport:
                 self.close()
                 raise
             self._receiver = receiver
+            self._closed_check = select.poll()
+            self._closed_check.register(sock.fileno(), select.POLLIN)
         return self._sock, self._receiver
 
     def _handshake(self, sock: socket.socket, auth: ClusterAuth) -> None:
@@ -272,6 +301,7 @@ class TcpTransport:
         client_nonce = new_nonce()
         sock.sendall(HELLO_MAGIC + client_nonce)
         answer = _recv_upto(sock, CHALLENGE_BYTES)
+        self._raise_if_refused(sock, answer)
         if len(answer) < CHALLENGE_BYTES:
             if is_tls_record(answer):  # the data_server's answer to plaintext, with TLS on
                 raise errors.WrongEndpointError(_plaintext_to_tls(self._worker))
@@ -288,6 +318,24 @@ class TcpTransport:
                 f"{self._worker} does not hold the cluster token (a wrong proof: it is not a member of this "
                 f"cluster, or this client's token is not the cluster's) — nothing it sent was loaded")
         sock.sendall(client_proof(auth, client_nonce, server_nonce))
+
+    def _raise_if_refused(self, sock: socket.socket, answer: bytes) -> None:
+        """A worker at its connection limit answers a HELLO with a response header (its prefix and frame
+        lengths: 16 zero bytes, which a random nonce is not) carrying ``TOO_MANY_CONNECTIONS``: raises
+        ``TransientError`` with its message. Only a protobuf is decoded, never a pickle, and only that
+        error is believed: anything else goes on to the proof check, which fails."""
+        if answer[4:RESPONSE_HEADER.size] != bytes(RESPONSE_HEADER.size - 4):
+            return
+        header_len = RESPONSE_HEADER.unpack(answer[:RESPONSE_HEADER.size])[0]
+        if header_len > _MAX_REFUSAL_BYTES:
+            return
+        raw = answer[RESPONSE_HEADER.size:] + _recv_upto(sock, max(RESPONSE_HEADER.size + header_len - len(answer), 0))
+        try:
+            header = worker_pb2.ElementChunk.FromString(raw[:header_len])
+        except DecodeError:
+            return
+        if header.error_type == TOO_MANY_CONNECTIONS:
+            raise TransientError(f"{self._worker} refused the connection: {header.error_message}")
 
     def _exchange(self, sock: socket.socket, receiver: _Receiver, request: worker_pb2.GetElementsRequest
                   ) -> tuple[worker_pb2.ElementChunk, bytearray, int]:
@@ -306,6 +354,10 @@ class TcpTransport:
         if header.error_type == UNAUTHENTICATED:
             # The worker refused us (no token, or another one) and closes: not a failure to retry.
             raise errors.PermissionDeniedError(f"{self._worker} refused this client: {header.error_message}")
+        if header.error_type == TOO_MANY_CONNECTIONS:
+            # Sent as it accepted us, before reading our request; it closes. Another time there may be room.
+            self.close()
+            raise TransientError(f"{self._worker} refused the connection: {header.error_message}")
         return header, receiver.read(prefix_len), frame_len
 
     def _probe(self, sock: socket.socket, receiver: _Receiver) -> Optional[int]:
@@ -414,6 +466,7 @@ class TcpTransport:
             finally:
                 self._sock = None
                 self._receiver = None
+                self._closed_check = None
 
 
 #: What ``distribute(data_transfer_protocol=...)`` accepts: None for the fastest a worker offers.

@@ -10,6 +10,16 @@ Messages (little endian)::
 The frame is ``dataservice.service.wire``'s; an answer by address (same-host memory reads)
 carries only the prefix, and the frame length equals the prefix length.
 
+A request is at most ``MAX_REQUEST_BYTES`` (a ``GetElementsRequest`` with every field at its
+largest is 95 bytes); a server closes a connection whose length prefix says more at once, without
+an answer (a dataservice client never sends one: the peer speaks another protocol). A worker
+serving its limit of connections (``WorkerConfig.data_max_connections``) answers a new one at
+once, before reading anything, with a response whose ``ElementChunk`` header has ``error_type``
+``TOO_MANY_CONNECTIONS`` (``"ResourceExhausted"``) and a message naming the limit, and closes it
+(under TLS after the TLS handshake; with a token in place of the CHALLENGE, which the client tells
+from a nonce by its 16 zero bytes at offset 4: the prefix and frame lengths). The client retries
+later, as for a worker it cannot reach.
+
 The handshake (when the cluster has a token: ``dataservice.service.auth``). A connection to a
 worker with a token starts with a mutual challenge–response; the token never crosses the wire,
 and neither side reads a request or decodes a response before the other proved it holds it::
@@ -34,7 +44,8 @@ server checks the proof before it reads the request.
 - A server with a token answers anything but a HELLO first (a client without the token sends
   a plain request) the same way, without parsing it; text (an HTTP/2 preface, ``nc``) still
   gets ``endpoint_probe.DATA_TRANSFER_GREETING``. Before the handshake it reads at most
-  ``HELLO_BYTES`` then ``PROOF_BYTES``, all within ``data_server.HANDSHAKE_TIMEOUT_S``.
+  ``HELLO_BYTES`` then ``PROOF_BYTES``, all within ``data_server.HANDSHAKE_TIMEOUT_S`` (and the
+  worker's ``data_request_timeout_ms``, if shorter) of the connection's opening.
 - A server without a token reads the HELLO's first bytes as text and answers with the
   greeting: a client with a token raises ``PermissionDeniedError`` (every member of the
   cluster needs the same token).
@@ -60,12 +71,14 @@ import struct
 from dataservice.service.auth import NONCE_BYTES
 
 __all__ = ["REQUEST_HEADER", "RESPONSE_HEADER", "MAX_REQUEST_BYTES", "recv_into_exact", "HELLO_MAGIC",
-           "HELLO_BYTES", "CHALLENGE_BYTES", "PROOF_BYTES", "UNAUTHENTICATED"]
+           "HELLO_BYTES", "CHALLENGE_BYTES", "PROOF_BYTES", "UNAUTHENTICATED", "TOO_MANY_CONNECTIONS"]
 
 REQUEST_HEADER = struct.Struct("<I")
 RESPONSE_HEADER = struct.Struct("<IQQ")
-#: A request is a few small integers: anything longer is not one of ours.
-MAX_REQUEST_BYTES = 4096
+#: A request is a few integers and a 32-byte read key: 95 bytes with every field at its largest (five
+#: negative int64s of 11 bytes, three bools of 2, the key's 34). Anything longer is not one of ours; the
+#: margin leaves room for a few more fields.
+MAX_REQUEST_BYTES = 256
 
 #: What a client with a token sends first. Its first 4 bytes, read as a request's u32 length, are far
 #: above MAX_REQUEST_BYTES: a server tells a HELLO from a request by them alone.
@@ -76,6 +89,9 @@ CHALLENGE_BYTES = NONCE_BYTES + 32
 PROOF_BYTES = 32
 #: The ``error_type`` of the response that refuses a peer without the token (or with another one).
 UNAUTHENTICATED = "Unauthenticated"
+#: The ``error_type`` of the response that refuses a connection beyond the worker's limit (sent unasked,
+#: as soon as the connection is accepted): the client tries again later.
+TOO_MANY_CONNECTIONS = "ResourceExhausted"
 
 
 def recv_into_exact(sock: socket.socket, view: memoryview) -> bool:
