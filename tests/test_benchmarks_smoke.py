@@ -46,3 +46,25 @@ def test_benchmark_run_quick_prints_table(tmp_path):
     (measured,) = [m for m in report["measurements"] if m["workload"] == "range"]
     assert measured["best"]["elements"] == measured["best"]["expected_elements"] == 20_000
     assert measured["best"]["elements_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_unread_iterations_prints_rows_and_summary():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.unread_iterations", "--iterations", "30",
+                             "--stalled-readers", "2", "--element-bytes", "4096", "--elements", "10",
+                             "--memory-budget-bytes", "1000000", "--sample-s", "1"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+    lines = result.stdout.splitlines()
+    assert re.match(rf"^dataservice unread iterations: 30 iterations of range\(10\)\.map\(-> 4,096-byte uint8 "
+                    rf"array\), 2 read once then stalled; worker pid \d+, --memory-budget-bytes 1,000,000; "
+                    rf"machine: {os.cpu_count()} cores", lines[0]), result.stdout
+    assert re.match(r"^\|  idle \| +\d+\.\d \| +\d+ \| +- \|$", lines[2]), result.stdout
+    rows = [l for l in lines if re.match(r"^\| +\d+\.\ds \| +\d+\.\d \| +\d+ \| +\d+\.\d \|$", l)]
+    assert len(rows) == 2, result.stdout  # --sample-s 1: a row every 0.5 s
+    summary = re.match(r"^worker: 30 tasks .*; RSS (\d+\.\d) MB idle, (\d+\.\d) MB at the peak row; .* over 1 s$",
+                       lines[-1])
+    assert summary and 0 < float(summary.group(1)) <= float(summary.group(2)), result.stdout

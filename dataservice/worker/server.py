@@ -172,6 +172,8 @@ class WorkerServer:
                     try:
                         blob = self._dispatcher.get_dataset_def(task_def.dataset_id)
                     except errors.DataServiceError as exc:
+                        if self._stopped.is_set():
+                            return  # stopping: the channel was closed under the call
                         not_downloaded.add(task_def.dataset_id)
                         log.warning("cannot download the pipeline of dataset %d for task %d (tried again at the "
                                     "next heartbeat): %s", task_def.dataset_id, task_def.task_id, exc)
