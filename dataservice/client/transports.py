@@ -23,6 +23,7 @@ import logging
 import select
 import socket
 import ssl
+import time
 from typing import Optional, Sequence, Union
 
 import grpc
@@ -63,6 +64,10 @@ GRPC_ANSWER_TIMEOUT_S = 60.0
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 #: The longest refusal a worker at its connection limit sends in place of the handshake's CHALLENGE.
 _MAX_REFUSAL_BYTES = 4096
+#: A connection unused for this long is checked for a close by the worker (idle) before a request. Not
+#: every time: the check is a system call, which lets the consumer's thread take the GIL for up to 5 ms
+#: in a busy reader. A worker that closed it sooner (an idle timeout this short) costs a retry instead.
+IDLE_CHECK_AFTER_S = 0.05
 
 
 class TransientError(Exception):
@@ -244,6 +249,7 @@ class TcpTransport:
         self._sock: Union[socket.socket, None] = None
         self._receiver: Union[_Receiver, None] = None
         self._closed_check: Optional[select.poll] = None  # tells whether the worker closed the connection
+        self._last_used = 0.0  # when the last answer came (monotonic)
         #: Connections reopened because the worker had closed them (idle): for tests and diagnostics.
         self.reopened = 0
         self._memory_reads = memory_reads and cross_memory.available()
@@ -254,8 +260,8 @@ class TcpTransport:
     def _closed_by_worker(self) -> bool:
         """Whether the worker closed our connection while it was idle: between two requests it sends
         nothing, so anything readable now is its close (or a reset, or bytes that make no sense). One
-        poll(2) on the socket, about a microsecond; under TLS the close is readable there all the same."""
-        if self._closed_check is None:
+        poll(2) on the socket, after IDLE_CHECK_AFTER_S unused; under TLS the close is readable there too."""
+        if self._closed_check is None or time.monotonic() - self._last_used < IDLE_CHECK_AFTER_S:
             return False
         try:
             return bool(self._closed_check.poll(0))
@@ -426,6 +432,7 @@ class TcpTransport:
         except errors.DataServiceError:
             self.close()  # refused (or unproven) at the handshake: the connection is over
             raise
+        self._last_used = time.monotonic()
         if header.error_type == "NotFound":
             raise TransientError(header.error_message, answered=True)
         if header.error_type == "PermissionDenied":  # a wrong read key: retrying cannot help
