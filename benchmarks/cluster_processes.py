@@ -351,3 +351,14 @@ if __name__ == "__main__":  # pragma: no cover - a manual check: start and stop 
     with ProcessGroup() as g:
         service, _ = start_cluster(g, "ours", sys.executable, 2)
         print(f"2 workers up; dispatcher at {service}")
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt, so the processes a benchmark started are stopped on the way out."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        pass

@@ -78,7 +78,6 @@ import importlib.util
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -86,7 +85,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from benchmarks.cluster_processes import (CLIENT_MODULES, REPO, START_TIMEOUT_S, BenchmarkError, ProcessGroup,
-                                          run_client, subprocess_env, tensorflow_works)
+                                          interrupt_on_sigterm, run_client, subprocess_env, tensorflow_works)
 from benchmarks.workloads import FLOAT_ARRAY_ELEMENTS, GROUPS, MB, MODES, WORKLOADS, Workload
 
 #: Reads longer than this are stable enough: they are not repeated.
@@ -400,20 +399,9 @@ def format_table(rows: list[dict], tf_enabled: bool) -> str:
 
 # --- main ---------------------------------------------------------------------------------------------------
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM raises KeyboardInterrupt, so every started process is killed on the way out."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
-
-
 def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     repeats = args.repeats or (1 if args.quick else 2)
     started = time.monotonic()
     tf_python, tf_note = find_tf_python(args)

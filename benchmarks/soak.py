@@ -54,7 +54,6 @@ import queue
 import random
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, Proc, ProcessGroup, process_stats,
-                                          start_dispatcher_and_worker, subprocess_env)
+                                          interrupt_on_sigterm, start_dispatcher_and_worker, subprocess_env)
 
 __all__ = ["main", "build_parser", "JOB_KINDS", "STALL_TIMEOUT_S", "process_stats", "Interval"]
 
@@ -656,22 +655,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM raises KeyboardInterrupt, so the servers this run started are stopped on the way out."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
-
-
 def main(argv: Optional[list] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
         report = run(args, out=lambda line: print(line, flush=True))
