@@ -424,6 +424,26 @@ def test_finished_named_jobs_beyond_the_kept_number_leave_the_state(clock):
     assert (status.counts.jobs, status.counts.jobs_pruned, status.counts.jobs_finished) == (3, 3, 6)
 
 
+def test_a_worker_gone_for_good_leaves_the_state_once_no_task_refers_to_it(core, clock):
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    it = iteration(core, job(core, register(core), DE, name="shared"))
+    (t1, t2) = core.state.iterations[it.iteration_id].tasks
+    clock.advance(11)  # past worker_timeout_ms and job_gc_timeout_ms for w2; w1 keeps heartbeating
+    heartbeat(core, "w1:1", current=[core.state.tasks[t].task_id for t in (t1, t2)
+                                     if core.state.tasks[t].worker_address == "w1:1"])
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key))
+    core.collect_garbage()
+    assert "w2:1" in core.state.workers  # its revoked task still belongs to a running iteration
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
+    clock.advance(11)
+    heartbeat(core, "w1:1")
+    core.collect_garbage()  # the idle iteration is collected, its job and tasks pruned ...
+    core.collect_garbage()  # ... and then the worker nobody refers to
+    assert "w2:1" not in core.state.workers and "w1:1" in core.state.workers
+    assert [e["worker"] for kind, e in core.events if kind == "prune_worker"] == ["w2:1"]
+
+
 # --- replay ----------------------------------------------------------------------------------
 
 def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
@@ -456,6 +476,13 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
                                                                        read_key=other.read_key))
     clock.advance(100)
     core.collect_garbage()
+    heartbeat(core, "w9:1", uid="gone")  # a worker that came and went, given no task
+    clock.advance(100)
+    core.collect_garbage()
+    assert "w9:1" not in core.state.workers
+    heartbeat(core, "w1:1", uid="a2")
+    later = iteration(core, job(core, a, DE, "later"))  # the checkpoint below summarises its iteration
+    assert core.state.iterations[later.iteration_id].tasks
 
     every_kind = {f.name for f in state_pb2.Update.DESCRIPTOR.oneofs_by_name["kind"].fields}
     assert recorder.kinds() == every_kind - {"iteration_snapshot", "id_floor", "counters"}  # for checkpoints

@@ -450,6 +450,7 @@ class DispatcherCore:
     def _prune_iteration(self, iteration) -> None:
         if iteration.pruned:
             return
+        self._forget_tasks(iteration)
         self._commit(state_pb2.Update(prune_iteration=state_pb2.PruneIterationUpdate(
             iteration_id=iteration.iteration_id)))
         self._event("prune_iteration", iteration_id=iteration.iteration_id)
@@ -470,7 +471,14 @@ class DispatcherCore:
         iterations = [self.state.iterations[i] for i in job.iterations.values()]
         return bool(iterations) and all(it.finished and not it.clients for it in iterations)
 
+    def _forget_tasks(self, iteration) -> None:
+        """Drops what the core remembers of the iteration's tasks, which are about to leave the state."""
+        for task_id in iteration.tasks:
+            self._awaiting_stop.pop(task_id, None)
+
     def _prune_job(self, job) -> None:
+        for iteration_id in job.iterations.values():
+            self._forget_tasks(self.state.iterations[iteration_id])
         self._commit(state_pb2.Update(prune_job=state_pb2.PruneJobUpdate(job_id=job.job_id)))
         for iteration_id in job.iterations.values():
             self._iteration_idle_since.pop(iteration_id, None)
@@ -711,6 +719,15 @@ class DispatcherCore:
                 if self._job_collected(job):
                     # Its name (if any) is free again: a new read under it starts a new job.
                     self._prune_job(job)
+            for address, worker in list(self.state.workers.items()):
+                seen = self._worker_seen.setdefault(address, now)
+                if not worker.tasks and now - seen > self.config.job_gc_timeout_ms / 1000:
+                    self._commit(state_pb2.Update(prune_worker=state_pb2.PruneWorkerUpdate(worker_address=address)))
+                    self._worker_seen.pop(address, None)
+                    self._worker_seen_unix.pop(address, None)
+                    self._event("prune_worker", worker=address)
+                    log.info("worker %s, silent for %d ms and without tasks, left the state", address,
+                             self.config.job_gc_timeout_ms)
         return collected
 
     # --- status -------------------------------------------------------------------

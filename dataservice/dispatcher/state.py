@@ -329,6 +329,12 @@ class DispatcherState:
             del self.jobs_by_name[job.name]
         self.jobs_pruned += 1
 
+    def _apply_prune_worker(self, u: state_pb2.PruneWorkerUpdate) -> None:
+        worker = self._need(self.workers, u.worker_address, "worker", "prune_worker")
+        if worker.tasks:
+            raise StateUpdateError(f"prune_worker: worker {u.worker_address} still has {len(worker.tasks)} tasks")
+        del self.workers[u.worker_address]
+
     def _apply_counters(self, u: state_pb2.CountersUpdate) -> None:
         self.jobs_pruned = u.jobs_pruned
 

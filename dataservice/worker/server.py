@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -42,6 +43,8 @@ __all__ = ["WorkerServer"]
 
 log = logging.getLogger("dataservice.worker")
 
+#: Loaded pipelines a worker keeps for tasks to come; another task of an evicted one downloads it again.
+DATASETS_CACHED = 64
 #: How long ``start()`` waits for the first heartbeat before carrying on in the background.
 FIRST_HEARTBEAT_WAIT_S = 5.0
 #: After an answer with news, how long the next heartbeat waits: iterations created in a burst
@@ -75,7 +78,9 @@ class WorkerServer:
         self.address = ""
         self._uid = ""
         self._tasks: dict[int, TaskRunner] = {}
-        self._datasets: dict[int, object] = {}
+        # Loaded pipelines by dataset id, most recently used last: a worker that runs for months
+        # sees many pipelines come and go, so only DATASETS_CACHED stay.
+        self._datasets: collections.OrderedDict[int, object] = collections.OrderedDict()
         #: What all tasks buffer ahead of their readers, together (``WorkerConfig.memory_budget_bytes``).
         self.memory_budget = MemoryBudget(config.memory_budget_bytes)
         self._cond = threading.Condition()
@@ -166,6 +171,8 @@ class WorkerServer:
                 continue
             try:
                 dataset = self._datasets.get(task_def.dataset_id)
+                if dataset is not None:
+                    self._datasets.move_to_end(task_def.dataset_id)
                 if dataset is None:
                     dataset = unloadable.get(task_def.dataset_id)
                 if dataset is None:
@@ -217,6 +224,8 @@ class WorkerServer:
                         task_def.dataset_id, exc)
             return _UnloadablePipeline(exc)
         self._datasets[task_def.dataset_id] = dataset
+        while len(self._datasets) > DATASETS_CACHED:
+            self._datasets.popitem(last=False)  # running tasks keep their own reference
         return dataset
 
     def _delete_task(self, task_id: int) -> None:
