@@ -155,7 +155,7 @@ def test_an_unknown_task_is_transient_and_a_bad_request_is_invalid(serve):
     with connected(server.port) as transport:
         with pytest.raises(TransientError, match="task 99 is not running"):
             transport.get(worker_pb2.GetElementsRequest(task_id=99, max_elements=1))
-        with pytest.raises(errors.InvalidRequestError, match="max_elements must be positive"):
+        with pytest.raises(errors.InvalidRequestError, match="max_elements is 0, less than 1"):
             transport.get(worker_pb2.GetElementsRequest(task_id=TASK_ID, max_elements=0))
 
 

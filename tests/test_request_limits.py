@@ -175,6 +175,25 @@ def test_a_get_elements_field_out_of_bounds_is_invalid_argument_naming_it(stubs,
     assert details.startswith("GetElements: ") and expected in details, details
 
 
+@pytest.mark.parametrize("request_, expected", WORKER_CASES, ids=[e.split(" ")[0] for _, e in WORKER_CASES])
+def test_the_data_port_refuses_the_same_fields_out_of_bounds(limited, request_, expected):
+    import socket
+
+    from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
+
+    host, port = limited.workers[0].data_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        body = request_.SerializeToString()
+        sock.sendall(REQUEST_HEADER.pack(len(body)) + body)
+        fixed = bytearray(RESPONSE_HEADER.size)
+        assert recv_into_exact(sock, memoryview(fixed))
+        header_len, _, _ = RESPONSE_HEADER.unpack(fixed)
+        raw = bytearray(header_len)
+        assert recv_into_exact(sock, memoryview(raw))
+    header = worker_pb2.ElementChunk.FromString(bytes(raw))
+    assert header.error_type == "InvalidArgument" and expected in header.error_message, header
+
+
 def test_a_heartbeat_of_800k_ranges_is_accepted_and_past_2m_ranges_refused(limited):
     client = DispatcherClient(limited.dispatcher_address, timeout_ms=10_000)
     try:

@@ -221,7 +221,7 @@ def test_budget_accounts_wait_and_wake():
     assert waiter.is_alive()
     a.release(40)  # 70 + 10 fits
     waiter.join(5)
-    assert outcome == [True] and budget.used_bytes == 80
+    assert outcome == [10] and budget.used_bytes == 80
     assert a.charge(500) and budget.used_bytes == 580  # elements coming back do not wait
     blocked = threading.Thread(target=lambda: outcome.append(b.reserve(10)))
     blocked.start()
@@ -229,10 +229,14 @@ def test_budget_accounts_wait_and_wake():
     assert blocked.is_alive()
     b.close()
     blocked.join(5)
-    assert outcome == [True, False] and budget.used_bytes == 500 and b.used_bytes == 0
+    assert outcome == [10, 0] and budget.used_bytes == 500 and b.used_bytes == 0
     a.close()
     a.release(5)  # after close: ignored, everything went back on close
     assert budget.used_bytes == 0 and budget.open_accounts == 0
+    # A producer's credit: extra bytes only as far as they fit within the budget.
+    c = budget.account()
+    assert c.reserve(30, extra=50) == 80 and c.reserve(10, extra=50) == 20 and budget.used_bytes == 100
+    c.close()
     with pytest.raises(ValueError, match="positive"):
         MemoryBudget(0)
 

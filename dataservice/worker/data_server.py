@@ -100,6 +100,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from dataservice import errors
+from dataservice.dispatcher.request_checks import check_get_elements
 from dataservice.proto import worker_pb2
 from dataservice.service.auth import TOKEN_ENV, TOKEN_FILE_ENV, ClusterAuth, client_proof, new_nonce, server_proof
 from dataservice.service.cross_memory import address_of
@@ -940,7 +942,11 @@ class DataServer:
     def _answer(self, conn: _Connection, request: worker_pb2.GetElementsRequest) -> Optional[Prepared]:
         """Sends the answer; returns it if the reader is to copy its arrays from our memory."""
         try:
+            check_get_elements(request)  # the same bounds as on the gRPC port
             prepared = prepare(self._worker, request)
+        except errors.InvalidRequestError as exc:
+            self._send(conn, [_framed(_error_response("InvalidArgument", str(exc)), 0, 0)])
+            return None
         except UnknownTaskError as exc:
             # Not an error of the reader's pipeline: the task may not have arrived yet, or was revoked.
             self._send(conn, [_framed(_error_response("NotFound", str(exc)), 0, 0)])

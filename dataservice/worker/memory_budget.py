@@ -13,7 +13,7 @@ Example::
     >>> budget = MemoryBudget(256 << 20)
     >>> account = budget.account()
     >>> account.reserve(1 << 20)            # blocks while the worker is at its budget
-    True
+    1048576
     >>> account.release(1 << 20)
     >>> budget.used_bytes
     0
@@ -90,18 +90,21 @@ class BudgetAccount:
         with self._budget._cond:
             return self._closed
 
-    def reserve(self, nbytes: int) -> bool:
+    def reserve(self, nbytes: int, extra: int = 0) -> int:
         """Adds ``nbytes``, first waiting while the worker is at its budget and this account holds
-        something. False (nothing added) if the account is or gets closed."""
+        something, plus up to ``extra`` bytes more if they fit within the budget (a producer's credit
+        for the elements after this one: it then takes the budget's lock once per many elements).
+        Returns the bytes added; 0 (nothing added) if the account is or gets closed."""
         budget = self._budget
         with budget._cond:
             while not self._closed and self._used and budget._used + nbytes > budget.limit_bytes:
                 budget._cond.wait()
             if self._closed:
-                return False
-            self._used += nbytes
-            budget._add(nbytes)
-            return True
+                return 0
+            granted = nbytes + min(extra, max(0, budget.limit_bytes - budget._used - nbytes))
+            self._used += granted
+            budget._add(granted)
+            return granted
 
     def charge(self, nbytes: int) -> bool:
         """Adds ``nbytes`` without waiting: bytes already in memory coming back (elements a reader

@@ -43,6 +43,9 @@ __all__ = ["TaskRunner", "approximate_size"]
 
 log = logging.getLogger("dataservice.worker")
 
+#: Bytes a task reserves from the worker's budget ahead of the elements it produces, at most: its
+#: producer takes the budget's lock once per this many bytes of small elements, not per element.
+CREDIT_BYTES = 64 * 1024
 #: The least time between two GetSplit calls of a task told to wait (the dispatcher's SPLIT_WAIT_S).
 SPLIT_RETRY_S = 1.0
 #: Marks the end of a split in a task's buffer.
@@ -86,6 +89,9 @@ class TaskRunner:
         self._produced_all = False
         self._error: Optional[BaseException] = None
         self._account = (budget if budget is not None else MemoryBudget(BUFFER_BYTES)).account()
+        #: Bytes reserved from the budget for elements not produced yet (see _put); under _cond.
+        self._credit = 0
+        self._reserving = False
         self._thread: Optional[threading.Thread] = None
         if start:
             self.start()
@@ -164,6 +170,9 @@ class TaskRunner:
         finally:
             with self._cond:
                 self._produced_all = True
+                leftover, self._credit = self._credit, 0
+                if leftover:
+                    self._account.release(leftover)  # nothing more to produce: the credit goes back
                 self._cond.notify_all()
 
     def _run_split(self, stream: int, split: int, skip: OffsetSet, provider: Optional[Iterator[int]]) -> None:
@@ -184,23 +193,43 @@ class TaskRunner:
 
     def _put(self, entry: tuple) -> bool:
         """Buffers one entry once there is room in the task and in the worker's budget; False
-        once stopped (``stop`` wakes both waits)."""
+        once stopped (``stop`` wakes both waits).
+
+        Bytes come from the task's credit (reserved from the budget but not buffered yet) when it
+        suffices — one lock per element, as without a budget; otherwise the credit goes back and
+        the element's bytes are reserved, with up to ``CREDIT_BYTES`` more as the next credit."""
+        size = entry[1]
         with self._cond:
             while (len(self._buffer) >= BUFFER_ELEMENTS or self._buffered_bytes >= BUFFER_BYTES) \
                     and not self._stop.is_set():
                 self._cond.wait()
             if self._stop.is_set():
                 return False
+            if size <= self._credit:
+                self._credit -= size
+                self._append(entry)
+                return True
+            # Returned first: with nothing buffered, this task then holds nothing and may always put one.
+            leftover, self._credit = self._credit, 0
+            self._reserving = True  # take() keeps no credit meanwhile (see there)
+        if leftover:
+            self._account.release(leftover)
         # Not under our lock: readers must be able to take (and so free budget) while we wait.
-        if entry[1] and not self._account.reserve(entry[1]):
-            return False
+        granted = self._account.reserve(size, CREDIT_BYTES)
         with self._cond:
+            self._reserving = False
+            if not granted:
+                return False
             if self._stop.is_set():
                 return False  # stop() closed the account: the reservation went back with it
-            self._buffer.append(entry)
-            self._buffered_bytes += entry[1]
-            self._cond.notify_all()
+            self._credit += granted - size
+            self._append(entry)
             return True
+
+    def _append(self, entry: tuple) -> None:
+        self._buffer.append(entry)
+        self._buffered_bytes += entry[1]
+        self._cond.notify_all()
 
     def take(self, max_elements: int, max_bytes: int, wait_s: float
              ) -> tuple[list, list, bool, Optional[BaseException]]:
@@ -239,7 +268,14 @@ class TaskRunner:
                 else:
                     runs.append([stream, split, offset, 1, -1])
             self._buffered_bytes -= taken_bytes
-            self._account.release(taken_bytes)
+            # Taken bytes become the producer's credit, up to CREDIT_BYTES; the rest goes back to the budget.
+            self._credit += taken_bytes
+            # An ended producer needs no credit; one waiting for the budget must see this task's
+            # account hold only what is buffered, or with its buffer empty it could wait forever.
+            keep = 0 if self._produced_all or self._reserving else CREDIT_BYTES
+            if self._credit > keep:
+                self._account.release(self._credit - keep)
+                self._credit = keep
             if out or runs:
                 self._cond.notify_all()
             ended = self._produced_all and not buffer
@@ -273,5 +309,6 @@ class TaskRunner:
         with self._cond:
             self._buffer.clear()
             self._buffered_bytes = 0
+            self._credit = 0
             self._account.close()
             self._cond.notify_all()
