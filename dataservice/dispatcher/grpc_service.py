@@ -57,10 +57,5 @@ def _adapt(core: DispatcherCore, rpc: str, method: str) -> Callable:
 
 
 def add_dispatcher_service(server: grpc.Server, core: DispatcherCore) -> None:
-    def record(rpc: str, seconds: float) -> None:
-        stats = getattr(core, "rpc_stats", None)  # a core without latency statistics records nothing
-        if stats is not None:
-            stats.record(rpc, seconds)
-
     add_service(server, _SERVICE, {rpc: _adapt(core, rpc, method) for rpc, method in _METHODS.items()}, log,
-                record=record)
+                record=core.rpc_stats.record)

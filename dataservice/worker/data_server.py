@@ -109,6 +109,7 @@ from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQ
                                                REQUEST_HEADER, RESPONSE_HEADER, TOO_MANY_CONNECTIONS,
                                                UNAUTHENTICATED)
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
+from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 from dataservice.worker.responses import Prepared, ReadKeyError, TaskSource, UnknownTaskError, prepare
 
@@ -398,25 +399,14 @@ _new_poller = _Epoll if hasattr(select, "epoll") else _SelectorSet
 
 
 class _RateLimitedLog:
-    """Warnings said at most once per ``interval_s`` per kind, each with how many were held back since."""
+    """Warnings said at most once per ``interval_s`` per kind (``log_limits.RateLimitedLog``); the
+    next one says how many were held back since."""
 
     def __init__(self, interval_s: float = _LOG_INTERVAL_S):
-        self._interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._held_back: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
+        self._limited = RateLimitedLog(log, interval_s)
 
-    def __call__(self, kind: str, message: str, held_back: str = "{n} more since the last such message") -> None:
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(kind)
-            if last is not None and now - last < self._interval_s:
-                self._held_back[kind] += 1
-                return
-            self._last[kind] = now
-            n = self._held_back.pop(kind, 0)
-        more = f"; {held_back.format(n=n)}" if n else ""
-        log.warning("%s%s (said at most once a minute)", message, more)
+    def __call__(self, kind: str, message: str) -> None:
+        self._limited.warning(kind, "%s (said at most once a minute)", message)
 
 
 class DataServer:
@@ -624,8 +614,7 @@ class DataServer:
                 self._warn(f"accept-{exc.errno}",
                            f"data-transfer port {self.port} cannot accept connections: {exc}"
                            f"{' (' + why + ')' if why else ''}; trying again in {delay * 1000:.0f} ms, then "
-                           f"less often (up to every {_ACCEPT_BACKOFF_MAX_S:g} s) while it lasts",
-                           held_back="{n} more such failures since the last message")
+                           f"less often (up to every {_ACCEPT_BACKOFF_MAX_S:g} s) while it lasts")
                 with self._lock:
                     self._accept_resume_at = time.monotonic() + delay
                 self._housekeeping.set()
@@ -668,8 +657,7 @@ class DataServer:
         if refuse:
             self._warn("limit", f"data-transfer port {self.port} refused a connection from {_peer(sock)}: it "
                                 f"serves at most {self._max_connections} connections at once "
-                                f"(data_max_connections, --data-max-connections) and all are in use",
-                       held_back="{n} more refused since the last such message")
+                                f"(data_max_connections, --data-max-connections) and all are in use")
         if drop:
             sock.close()
             return
@@ -999,8 +987,7 @@ class DataServer:
 
     def _log_refusal(self, conn: Union[socket.socket, str], why: str) -> None:
         self._warn("refusal", f"data-transfer port {self.port} refused "
-                              f"{conn if isinstance(conn, str) else _peer(conn)}: {why}",
-                   held_back="{n} more refused since the last such message")
+                              f"{conn if isinstance(conn, str) else _peer(conn)}: {why}")
 
     def _refuse(self, conn: _Connection, why: str, message: str) -> bool:
         """Tells an unauthenticated peer why (an error header: a protobuf, never a pickle), then lets it close."""
