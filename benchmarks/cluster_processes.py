@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -41,7 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["BenchmarkError", "Proc", "ProcessGroup", "start_cluster", "start_dispatcher_and_worker", "run_client",
            "process_stats", "process_cpu_s", "CLIENT_MODULES", "REPO", "START_TIMEOUT_S"]
@@ -362,3 +363,17 @@ def interrupt_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         pass
+
+
+def positive_number(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: ``kind(text)`` (int, float), refused unless positive."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse

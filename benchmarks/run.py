@@ -85,7 +85,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from benchmarks.cluster_processes import (CLIENT_MODULES, REPO, START_TIMEOUT_S, BenchmarkError, ProcessGroup,
-                                          interrupt_on_sigterm, run_client, subprocess_env, tensorflow_works)
+                                          interrupt_on_sigterm, positive_number, run_client, subprocess_env,
+                                          tensorflow_works)
 from benchmarks.workloads import FLOAT_ARRAY_ELEMENTS, GROUPS, MB, MODES, WORKLOADS, Workload
 
 #: Reads longer than this are stable enough: they are not repeated.
@@ -132,19 +133,6 @@ def _mode_list(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run",
@@ -161,12 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="LIST",
                         help=f"comma-separated processing modes (default: {','.join(MODES)})")
     parser.add_argument("--quick", action="store_true", help="smaller datasets and one run each")
-    parser.add_argument("--repeats", type=_positive(int), default=None,
+    parser.add_argument("--repeats", type=positive_number(int), default=None,
                         help="runs per measurement, the best is reported (default: 2; 1 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write every run's results as JSON here")
-    parser.add_argument("--timeout", type=_positive(float), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive_number(float), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help=f"give up on one run's read after this long (default: {DEFAULT_TIMEOUT_S:.0f})")
-    parser.add_argument("--cpu-map-ms", type=_positive(float), default=0.5, metavar="MS",
+    parser.add_argument("--cpu-map-ms", type=positive_number(float), default=0.5, metavar="MS",
                         help="time per element of workload 6's busy loop (default: 0.5)")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the processes' stderr files (their directory is printed)")

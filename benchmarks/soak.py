@@ -64,7 +64,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, Proc, ProcessGroup, process_stats,
-                                          interrupt_on_sigterm, start_dispatcher_and_worker, subprocess_env)
+                                          interrupt_on_sigterm, positive_number, start_dispatcher_and_worker,
+                                          subprocess_env)
 
 __all__ = ["main", "build_parser", "JOB_KINDS", "STALL_TIMEOUT_S", "process_stats", "Interval"]
 
@@ -603,19 +604,6 @@ def _print_summary(report: dict, intervals: list[Interval], out: Callable[[str],
 
 # --- the command line ------------------------------------------------------------------------------------
 
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -632,9 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Soak: thousands of short jobs one after another against a real dispatcher and worker; "
                     "prints per interval the time per job, the dispatcher's RPC latencies, the status size, "
                     "and the servers' RSS and threads, then the first interval against the last.")
-    parser.add_argument("--jobs", type=_positive(int), default=DEFAULT_JOBS,
+    parser.add_argument("--jobs", type=positive_number(int), default=DEFAULT_JOBS,
                         help=f"jobs to read (default: {DEFAULT_JOBS})")
-    parser.add_argument("--report-every", type=_positive(int), default=DEFAULT_REPORT_EVERY, metavar="N",
+    parser.add_argument("--report-every", type=positive_number(int), default=DEFAULT_REPORT_EVERY, metavar="N",
                         help=f"print a row every N jobs (default: {DEFAULT_REPORT_EVERY})")
     parser.add_argument("--fault-tolerant", action="store_true",
                         help="run the dispatcher with --fault-tolerant and a --work-dir in a temporary directory")
@@ -642,10 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"jobs read before the first row starts, not counted in --jobs (default: "
                              f"{DEFAULT_WARMUP})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the job mix (default: 0)")
-    parser.add_argument("--read-timeout", type=_positive(float), default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--read-timeout", type=positive_number(float), default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
                         help=f"each read's timeout (distribute's timeout_ms; the run stops if a read lasts 5 s "
                              f"longer) (default: {DEFAULT_READ_TIMEOUT_S:g})")
-    parser.add_argument("--status-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+    parser.add_argument("--status-timeout", type=positive_number(float), default=10.0, metavar="SECONDS",
                         help="timeout of each GetStatus call (default: 10)")
     parser.add_argument("--with-token", action="store_true",
                         help="make up a random cluster token for this run (default: the environment's, if any)")
