@@ -444,6 +444,25 @@ def test_a_worker_gone_for_good_leaves_the_state_once_no_task_refers_to_it(core,
     assert [e["worker"] for kind, e in core.events if kind == "prune_worker"] == ["w2:1"]
 
 
+def test_a_task_of_an_iteration_that_finished_before_its_worker_heard_of_it_still_goes_out(core):
+    # Its readers know the task from their heartbeat and ask its worker for it: the worker must get
+    # it and answer end of input, or the readers ask "not running" forever.
+    heartbeat(core, "w1:1")
+    heartbeat(core, "w2:1")
+    it = iteration(core, job(core, register(core, num_splits=1), DE, name="short"))
+    t1, t2 = sorted(core.state.iterations[it.iteration_id].tasks,
+                    key=lambda t: core.state.tasks[t].worker_address)
+    assert [t.task_id for t in heartbeat(core, "w1:1").new_tasks] == [t1]
+    assert split(core, it.iteration_id, t1).split_index == 0
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key, progress=[
+        state_pb2.SplitProgress(stream_id=0, split_index=0, ranges=[0, 5], total=5)]))
+    assert core.state.iterations[it.iteration_id].finished  # before w2 ever heard of its task
+    assert [t.task_id for t in heartbeat(core, "w2:1").new_tasks] == [t2]
+    assert split(core, it.iteration_id, t2).end_of_splits
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
+    assert list(heartbeat(core, "w2:1", current=[t2]).tasks_to_delete) == [t2]  # nobody reads it any more
+
+
 # --- replay ----------------------------------------------------------------------------------
 
 def test_replaying_the_updates_rebuilds_the_same_state(core, clock):

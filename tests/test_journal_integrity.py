@@ -518,3 +518,21 @@ def test_dispatcher_process_killed_mid_write_restarts_with_everything_acknowledg
     restarted = procs.dispatcher(port=dispatcher.port, work_dir=work_dir)
     assert status_dataset_ids(restarted.port) == sorted(ids)
     assert f"dropping a torn tail at offset {valid_end}" in restarted.proc.stderr
+
+
+def test_an_update_that_does_not_fit_is_refused_at_commit_and_never_journaled(tmp_path):
+    # A bug in the core must fail its RPC, not poison the journal so that every restart fails too.
+    store = JournaledStore(str(tmp_path))
+    store.open()
+    try:
+        core = DispatcherCore(DispatcherConfig(), store=store)
+        with core._cond, pytest.raises(StateUpdateError, match="names iteration 42, which does not exist"):
+            core._commit(state_pb2.Update(finish_iteration=state_pb2.FinishIterationUpdate(iteration_id=42)))
+        store.wait_durable()
+    finally:
+        store.close()
+    restarted = JournaledStore(str(tmp_path))
+    restarted.open()  # starts: nothing of the refused update was written
+    restarted.close()
+    assert not any(u.HasField("finish_iteration") for _, p in read_records(str(tmp_path / "journal.log"), True)[0]
+                   for u in [state_pb2.Update.FromString(p)])

@@ -590,7 +590,11 @@ class DispatcherCore:
         new_tasks = []
         for task_id in sorted(worker.tasks - current):
             task = self.state.tasks[task_id]
-            if not task.finished and not self.state.iterations[task.iteration_id].finished:
+            iteration = self.state.iterations[task.iteration_id]
+            # A task of an iteration that finished before its worker heard of it still goes out while
+            # the iteration has readers: they know the task and ask its worker for it, and it answers
+            # end of input (GetSplit says end_of_splits) instead of "not running" forever.
+            if not task.finished and not (iteration.finished and not iteration.clients):
                 new_tasks.append(self._task_def(task_id))
                 if len(new_tasks) >= MAX_NEW_TASKS_PER_HEARTBEAT:
                     break  # the worker asks again at once for the rest

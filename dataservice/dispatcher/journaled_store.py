@@ -100,21 +100,23 @@ class JournaledStore:
 
     # --- the StateStore protocol ------------------------------------------------------------
     def commit(self, update: state_pb2.Update) -> None:
-        """Journals ``update`` (queued: see ``wait_durable``), then applies it.
+        """Applies ``update``, then journals it (queued: see ``wait_durable``).
 
+        Applied first: an update that does not fit the state (``StateUpdateError``, a bug in the
+        core) changes nothing and is never journaled, so a restart does not replay the failure.
         The caller holds the core's lock, so records are appended in apply order.
         JournalError if the journal failed; the state is then rolled back to what is durable.
         """
         journal = self.journal
         if journal is None or self._broken is not None:
             journal = self._reopen()
+        self.state.apply(update)
         try:
             seq = journal.append(update)
         except JournalError as exc:  # an earlier write failed: nothing since it is durable
             self._pending.__dict__.clear()
-            raise self._roll_back(journal, exc) from exc
+            raise self._roll_back(journal, exc) from exc  # also undoes the apply above
         self._pending.journal, self._pending.seq = journal, seq
-        self.state.apply(update)
         if journal.needs_checkpoint():
             self._checkpoint()
 
