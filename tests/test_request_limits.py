@@ -177,20 +177,11 @@ def test_a_get_elements_field_out_of_bounds_is_invalid_argument_naming_it(stubs,
 
 @pytest.mark.parametrize("request_, expected", WORKER_CASES, ids=[e.split(" ")[0] for _, e in WORKER_CASES])
 def test_the_data_port_refuses_the_same_fields_out_of_bounds(limited, request_, expected):
-    import socket
+    from tests.test_data_transfer_auth import raw_connection, read_response, request_bytes
 
-    from dataservice.service.data_transfer import REQUEST_HEADER, RESPONSE_HEADER, recv_into_exact
-
-    host, port = limited.workers[0].data_address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        body = request_.SerializeToString()
-        sock.sendall(REQUEST_HEADER.pack(len(body)) + body)
-        fixed = bytearray(RESPONSE_HEADER.size)
-        assert recv_into_exact(sock, memoryview(fixed))
-        header_len, _, _ = RESPONSE_HEADER.unpack(fixed)
-        raw = bytearray(header_len)
-        assert recv_into_exact(sock, memoryview(raw))
-    header = worker_pb2.ElementChunk.FromString(bytes(raw))
+    with raw_connection(int(limited.workers[0].data_address.rsplit(":", 1)[1]), timeout_s=10) as sock:
+        sock.sendall(request_bytes(request_))
+        header = read_response(sock)
     assert header.error_type == "InvalidArgument" and expected in header.error_message, header
 
 

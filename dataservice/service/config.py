@@ -89,12 +89,7 @@ def _check_access(config, what: str) -> None:
 
 
 def _positive_ms(config, name: str, default: int) -> None:
-    value = getattr(config, name)
-    if value is None:
-        object.__setattr__(config, name, default)
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    _positive(config, name, default, "milliseconds", None)
 
 
 #: ``DispatcherConfig.max_dataset_def_bytes`` by default, and the most it may be: a definition travels
