@@ -83,6 +83,21 @@ def tag_with_pid(x):
     return x, os.getpid()
 
 
+#: A client that reads a parallel_epochs job named argv[2] from dispatcher argv[1] without end,
+#: printing "read N" every 100 elements (for tests that kill it mid-read).
+ENDLESS_READER_SCRIPT = """
+import sys
+import dataservice as ds
+
+dataset = ds.Dataset.range(100_000_000).apply(
+    ds.distribute("parallel_epochs", sys.argv[1], job_name=sys.argv[2], max_outstanding_requests=64,
+                  timeout_ms=30_000))
+for i, _ in enumerate(dataset, 1):
+    if i % 100 == 0:
+        print(f"read {i}", flush=True)
+"""
+
+
 # --- processes ----------------------------------------------------------------------------------
 
 class Proc:
@@ -224,8 +239,10 @@ class Processes:
         return proc
 
     def dispatcher(self, *flags: str, port: int = 0, work_dir: Optional[Path] = None,
-                   wait: bool = True) -> Server:
-        args = ["-m", "dataservice", "dispatcher", "--port", str(port), *DISPATCHER_FLAGS, *flags]
+                   wait: bool = True, defaults: bool = False) -> Server:
+        """``defaults=True``: without DISPATCHER_FLAGS, so the dispatcher runs with its own timeouts."""
+        args = ["-m", "dataservice", "dispatcher", "--port", str(port), *(() if defaults else DISPATCHER_FLAGS),
+                *flags]
         if work_dir is not None:
             args += ["--fault-tolerant", "--work-dir", str(work_dir)]
         proc = self.spawn(*args, name="dispatcher")
@@ -246,21 +263,23 @@ class Processes:
         server.port = int(match.group(1))
         return server
 
-    def worker(self, dispatcher_port: int, *flags: str, port: int = 0, wait: bool = True) -> Server:
+    def worker(self, dispatcher_port: int, *flags: str, port: int = 0, wait: bool = True,
+               defaults: bool = False) -> Server:
+        """``defaults=True``: without WORKER_FLAGS, so the worker heartbeats at its own interval."""
         # The advertised address keeps the bound port, so a worker restarted with --port P has
         # the same address as before.
         proc = self.spawn("-m", "dataservice", "worker", "--dispatcher", f"localhost:{dispatcher_port}",
-                          "--port", str(port), "--worker-address", "localhost:%port%", *WORKER_FLAGS, *flags,
-                          name="worker")
+                          "--port", str(port), "--worker-address", "localhost:%port%",
+                          *(() if defaults else WORKER_FLAGS), *flags, name="worker")
         server = Server(proc, port)
         return self.await_worker(server) if wait else server
 
     def await_worker(self, server: Server) -> Server:
         return self._await_listening(server, r"^worker listening on localhost:(\d+) ")
 
-    def workers(self, dispatcher_port: int, n: int) -> list[Server]:
+    def workers(self, dispatcher_port: int, n: int, defaults: bool = False) -> list[Server]:
         """``n`` workers started at once (their start-ups overlap)."""
-        servers = [self.worker(dispatcher_port, wait=False) for _ in range(n)]
+        servers = [self.worker(dispatcher_port, wait=False, defaults=defaults) for _ in range(n)]
         return [self.await_worker(s) for s in servers]
 
     def worker_processes(self, dispatcher_port: int, num_processes: int, *flags: str, port: int = 0,

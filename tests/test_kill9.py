@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from dataservice import Dataset, distribute, errors
-from tests.processes import (BackgroundReader, Processes, Server, free_port, slow_identity, tag_with_pid,
-                             wait_for_workers, wait_until)
+from tests.processes import (ENDLESS_READER_SCRIPT, BackgroundReader, Processes, Server, free_port, slow_identity,
+                             tag_with_pid, wait_for_workers, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 
@@ -246,22 +246,9 @@ def test_stalled_worker_does_not_stop_the_others_in_parallel_epochs(procs, worke
 
 # --- 7: a client killed ----------------------------------------------------------------------
 
-CLIENT_SCRIPT = """
-import sys
-import dataservice as ds
-
-dataset = ds.Dataset.range(100_000_000).apply(
-    ds.distribute("parallel_epochs", sys.argv[1], job_name="vanish", max_outstanding_requests=64,
-                  timeout_ms=30_000))
-for i, _ in enumerate(dataset, 1):
-    if i % 100 == 0:
-        print(f"read {i}", flush=True)
-"""
-
-
 def test_killed_client_has_its_job_collected_and_tasks_deleted(procs):
     dispatcher, workers = cluster(procs, 2, "--client-timeout-ms", "1000", "--job-gc-timeout-ms", "1000")
-    client = procs.python(CLIENT_SCRIPT, dispatcher.target)
+    client = procs.python(ENDLESS_READER_SCRIPT, dispatcher.target, "vanish")
     client.wait_for_line(r"^read 1000$")
 
     def vanish(status: dict) -> dict:

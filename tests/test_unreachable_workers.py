@@ -29,6 +29,7 @@ import time
 import pytest
 
 from dataservice import Dataset, distribute, errors
+from dataservice.worker.responses import TASK_ARRIVAL_WAIT_S
 from tests.cluster import TestCluster, free_port
 from tests.processes import BackgroundReader, slow_identity, wait_for_client_threads, wait_for_workers
 
@@ -140,6 +141,26 @@ def test_refused_port_warns_then_raises_naming_it(cluster0, client_warnings, for
     assert "refused" in message.lower(), message
     assert_raised_in_time(elapsed, TIMEOUT_MS)
     assert_warned_in_time(client_warnings(), started_wall, address, TIMEOUT_MS)
+
+
+def test_another_worker_answering_at_the_advertised_address_fails_the_read_in_time(cluster0):
+    """A wrong ``--worker-address`` that reaches another cluster's worker: it answers every request
+    with "task not running". Before, such an answer counted as the worker answering, so the
+    read waited forever; now it is no progress, and the read raises after ``timeout_ms``."""
+    with TestCluster(num_workers=1) as other:
+        stranger = other.workers[0]
+        # Our worker runs the tasks, but advertises the stranger's address (elements over gRPC: the
+        # data-transfer address would take our own data port, which is right).
+        cluster0.add_worker(worker_address=stranger.address, data_transfer_protocol="grpc")
+        cluster0.wait_for_workers(1)
+        # Longer than the stranger takes to answer (it waits TASK_ARRIVAL_WAIT_S for the task to arrive).
+        timeout_ms = int(TASK_ARRIVAL_WAIT_S * 1000) + 2_000
+        reader, _, elapsed = read_until_error(Dataset.range(10).apply(
+            distribute("distributed_epoch", cluster0.target, timeout_ms=timeout_ms)), timeout_ms)
+    assert reader.count == 0
+    message = str(reader.error)
+    assert f"worker {stranger.address}" in message and "does not run the task" in message, message
+    assert_raised_in_time(elapsed, timeout_ms)
 
 
 def test_good_worker_delivers_everything_then_the_unreachable_one_is_named(cluster0, client_warnings):

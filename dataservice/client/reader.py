@@ -208,6 +208,13 @@ class IterationReader:
         with self._lock:
             waiting = [t for t in self._fetchers if t not in self._finished_tasks and t not in self._revoked]
             tried = [f"worker {self._task_addresses.get(t, '?')}: {self._why_silent(t)}" for t in waiting]
+            lost = sorted({self._task_addresses.get(t, "?") for t in self._revoked})
+        if not tried and lost:
+            # distributed_epoch: what the lost workers did not deliver waits for another worker to redo it.
+            return (f"no worker served this job for {timeout_ms} ms: the dispatcher revoked the tasks of worker(s) "
+                    f"{', '.join(lost)} (lost, or restarted) and no other worker has taken the job over. The rest of "
+                    f"the epoch is produced when a worker registers with dispatcher {self._dispatcher.address}: is "
+                    f"any running? (dataservice status --dispatcher {self._dispatcher.address})")
         if not tried:
             return (f"no worker served this job for {timeout_ms} ms: no worker has a task of it. Is any worker "
                     f"registered with dispatcher {self._dispatcher.address}? (dataservice status --dispatcher "
@@ -356,12 +363,19 @@ class IterationReader:
                 self._failing.pop(task_id, None)
 
     def _failed(self, task: dispatcher_pb2.TaskDef, exc: TransientError) -> None:
-        """Remembers why a worker did not answer; warns once when it stays unreachable."""
+        """Remembers why a worker did not serve the task; warns once when it stays unreachable.
+
+        A worker that answers that it does not run the task is reachable, but its answer is no progress
+        either: it does not count against ``timeout_ms`` as an answer does. It normally lasts the moment
+        until the worker hears of the task or the dispatcher revokes it; for good, when whatever answers
+        at the address is not the worker the dispatcher gave the task to (a wrong ``--worker-address``)."""
         now = time.monotonic()
         with self._lock:
             since = self._failing.get(task.task_id, (now, ""))[0]
-            self._failing[task.task_id] = (since, str(exc))
-            warn = now - since >= UNREACHABLE_WARNING_S and task.task_id not in self._warned
+            why = f"it answers that it does not run the task ({exc}): is its --worker-address the address of the " \
+                  f"worker the dispatcher gave the task to?" if exc.answered else str(exc)
+            self._failing[task.task_id] = (since, why)
+            warn = not exc.answered and now - since >= UNREACHABLE_WARNING_S and task.task_id not in self._warned
             if warn:
                 self._warned.add(task.task_id)
         if warn and not self._stop.is_set():
@@ -396,10 +410,7 @@ class IterationReader:
                     # A worker that died, stalled or restarted: the dispatcher decides (within
                     # worker_timeout_ms) whether its task is revoked; until then, keep trying.
                     self._credits.release(n)
-                    if exc.answered:
-                        self._answered(task_id)
-                    else:
-                        self._failed(task, exc)
+                    self._failed(task, exc)
                     self._stop.wait(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, 1.0)
                     continue

@@ -70,6 +70,21 @@ _MAX_REFUSAL_BYTES = 4096
 IDLE_CHECK_AFTER_S = 0.05
 
 
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """The peer closed (or reset) ``sock``: seen without waiting and without consuming a byte. The
+    plain socket's recv, also under TLS: a worker closes without a close_notify, so a closed TLS
+    connection shows as end of stream too, and between answers a worker sends nothing."""
+    try:
+        # select first: the socket has a timeout, and Python waits that long for a recv on it, flags or not.
+        if not select.select([sock], [], [], 0)[0]:
+            return False
+        return socket.socket.recv(sock, 1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):
+        return True
+
+
 class TransientError(Exception):
     """The worker could not answer now; try again. ``answered`` is True when the worker did answer
     (it does not hold the task yet, or any more): it is reachable."""
@@ -412,6 +427,12 @@ class TcpTransport:
                     if self.memory_pid is None:
                         raise WireFormatError("an answer by address to a request for bytes")
                     self._copy_from_worker(header, buffers)
+                    if _closed_by_peer(sock):
+                        # Closed, the worker frees these arrays soon after (DataServer._close): the copy may
+                        # have read memory already reused. Dropped, not a byte of it used: a worker that stopped
+                        # has its splits redone without them (the reader never said it held them).
+                        raise OSError("the worker closed the connection while its answer was copied from its "
+                                      "memory; the copy is dropped")
                 else:
                     for buffer in buffers:
                         receiver.read_into(memoryview(buffer))

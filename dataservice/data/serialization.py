@@ -140,7 +140,9 @@ def deserialize_dataset(blob: bytes) -> Dataset:
     except ModuleNotFoundError as exc:
         raise errors.MissingModuleError(f"the pipeline needs module {exc.name!r}, which cannot be imported here",
                                         module=exc.name or "") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
+        # SystemExit too: user code run while unpickling (a module's top level) may call sys.exit(),
+        # and on a worker it would pass every handler and end the heartbeat thread for good.
         differ = differences(theirs, mine)
         if differ:
             raise errors.VersionSkewError(

@@ -80,6 +80,8 @@ READ_KEY_BYTES = 32
 
 #: How long GetSplit waits for a split to come free before telling the task to ask again.
 SPLIT_WAIT_S = 1.0
+#: The longest a worker or client silent past its timeout goes unnoticed (see liveness_interval_s).
+LIVENESS_TICK_S = 1.0
 #: Long polls (WorkerHeartbeat, GetSplit) that may wait at once. The server has 32 RPC threads:
 #: beyond this many, a long poll is answered at once, so waiting calls can never hold every
 #: thread and starve the calls a read needs (a worker answered early waits on its own side).
@@ -396,10 +398,7 @@ class DispatcherCore:
                 revoked_tasks=[t.task_id for t in tasks if t.revoked],
                 iteration_finished=iteration.finished, dispatcher_incarnation=self.incarnation,
                 heartbeat_interval_ms=max(10, min(1_000, self.config.client_timeout_ms // 4)),
-                # A finished iteration gets no task any more, even for a stream whose worker came back
-                # after the iteration ended without it: telling the reader to wait would hang it.
-                more_tasks_expected=not iteration.finished and any(self._may_resume(iteration, key)
-                                                                   for key in iteration.pending))
+                more_tasks_expected=self._more_tasks_expected(iteration))
 
     def release_iteration_client(self, req: dispatcher_pb2.ReleaseIterationClientRequest
                                  ) -> dispatcher_pb2.ReleaseIterationClientResponse:
@@ -555,12 +554,32 @@ class DispatcherCore:
                 self._commit(state_pb2.Update(finish_task=state_pb2.FinishTaskUpdate(task_id=task_id)))
                 self._maybe_finish_iteration(task.iteration_id)
 
+    def _more_tasks_expected(self, iteration) -> bool:
+        """Whether a reader whose every task has ended must wait for more instead of ending.
+
+        A finished iteration gets no task any more, even for a stream whose worker came back after
+        the iteration ended without it: telling the reader to wait would hang it. An unfinished
+        distributed_epoch iteration always has more to come: its tasks end normally only once every
+        split is done, which finishes it first, so a reader whose tasks all ended before that lost
+        them (revoked: a worker lost or restarted, possibly between two splits, holding none) or saw
+        one fail (and raises its error). Its splits are produced by the next worker to register; with
+        none, the reader raises after its ``timeout_ms`` rather than end the epoch short."""
+        if iteration.finished:
+            return False
+        if self.state.jobs[iteration.job_id].processing_mode == state_pb2.DISTRIBUTED_EPOCH:
+            return True
+        return any(self._may_resume(iteration, key) for key in iteration.pending)
+
     def _maybe_finish_iteration(self, iteration_id: int) -> None:
+        """Finishes the iteration once it is complete: in distributed_epoch when every split is done
+        (never because its tasks ended: a task revoked between splits, or failed, ends with splits
+        still to produce); in parallel_epochs when every task ended and no revoked stream can resume."""
         iteration = self.state.iterations[iteration_id]
         if iteration.finished:
             return
+        distributed = self.state.jobs[iteration.job_id].processing_mode == state_pb2.DISTRIBUTED_EPOCH
         if self._all_splits_done(iteration) or (
-                iteration.tasks and all(self.state.tasks[t].finished for t in iteration.tasks)
+                not distributed and iteration.tasks and all(self.state.tasks[t].finished for t in iteration.tasks)
                 and not any(self._may_resume(iteration, key) for key in iteration.pending)):
             self._commit(state_pb2.Update(finish_iteration=state_pb2.FinishIterationUpdate(iteration_id=iteration_id)))
             self._event("finish_iteration", iteration_id=iteration_id)
@@ -659,9 +678,11 @@ class DispatcherCore:
 
     # --- housekeeping ---------------------------------------------------------------
     def liveness_interval_s(self) -> float:
-        """How often ``check_liveness`` must run for a silent worker or client to be noticed within
-        a quarter of its timeout (the dispatcher's own clock; not the garbage collector's)."""
-        return max(0.01, min(self.config.worker_timeout_ms, self.config.client_timeout_ms) / 4000)
+        """How often ``check_liveness`` runs: a silent worker or client is noticed at most a second
+        (or a quarter of its timeout, when that is shorter) after its timeout, on the dispatcher's
+        own clock and not the garbage collector's. A check is a pass over workers and clients."""
+        return max(0.01, min(LIVENESS_TICK_S, self.config.worker_timeout_ms / 4000,
+                             self.config.client_timeout_ms / 4000))
 
     def check_liveness(self) -> None:
         """Revokes the tasks of workers silent past ``worker_timeout_ms`` (their splits are redone

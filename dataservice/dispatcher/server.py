@@ -115,8 +115,8 @@ class DispatchServer:
         return store
 
     def _gc_loop(self) -> None:
-        # Silent workers and clients are noticed on their own clock (a quarter of their timeouts),
-        # not only when the garbage collector runs.
+        # Silent workers and clients are noticed on their own clock (every second at most: see
+        # DispatcherCore.liveness_interval_s), not only when the garbage collector runs.
         core = self.core
         gc_interval = self._config.job_gc_check_interval_ms / 1000
         next_gc = time.monotonic() + gc_interval

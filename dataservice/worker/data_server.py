@@ -148,6 +148,8 @@ SEND_STALL_TIMEOUT_S = 60.0
 #: than these are closed without a word.
 _REFUSING_MAX = 64
 #: Accept failures for want of resources: the listener pauses this long, doubling up to the maximum.
+#: How long the arrays of an answer by address stay alive after its connection closed (see DataServer._close).
+HELD_AFTER_CLOSE_S = 2.0
 _ACCEPT_BACKOFF_MIN_S = 0.01
 _ACCEPT_BACKOFF_MAX_S = 1.0
 #: Connections accepted per wake-up before the thread looks at other events.
@@ -462,6 +464,8 @@ class DataServer:
         self._accept_backoff_s = _ACCEPT_BACKOFF_MIN_S
         self._accept_resume_at: Optional[float] = None
         self._scratch = bytearray(16 * 1024)  # what lingering peers send, dropped
+        #: Answers by address of closed connections, with when they may be freed (see _close).
+        self._retired: collections.deque = collections.deque()
         self._warn = _RateLimitedLog()
         self._poller: Union[_Epoll, _SelectorSet] = _new_poller()
         self._stop_r, self._stop_w = os.pipe()
@@ -567,6 +571,9 @@ class DataServer:
                         pass  # closed by stop()
             for conn in expired:
                 self._expire(conn)
+            with self._lock:
+                while self._retired and self._retired[0][0] <= now:
+                    self._retired.popleft()
             sleep = min(_HOUSEKEEPING_MAX_S, self._idle_timeout_s / 4, self._request_timeout_s / 4,
                         self._handshake_timeout_s() / 4)
             if resume is not None:
@@ -719,11 +726,19 @@ class DataServer:
                 self._poller.remove(conn.fd)
             except (OSError, ValueError, KeyError):
                 pass
-        conn.held = None
+        held, conn.held = conn.held, None
         try:
             conn.sock.close()
         except OSError:
             pass
+        if held is not None:
+            # The reader may be copying its arrays out of our memory right now. Freed at once, their memory
+            # could be reused (another element, in this process) under the copy, which would then read
+            # the wrong bytes. Closed first, kept a while: a reader that finds the connection closed after
+            # its copy drops what it copied (see transports.TcpTransport.get), one that does not copied
+            # before the close, so before they are freed.
+            with self._lock:
+                self._retired.append((time.monotonic() + HELD_AFTER_CLOSE_S, held))
 
     def _handle(self, conn: _Connection) -> None:
         """Runs ``conn``'s protocol (claimed by this thread) as far as what arrived allows, then lets it go."""
@@ -1051,6 +1066,12 @@ class DataServer:
         for conn in left:  # a thread stuck past the deadline: its connection goes all the same
             self._close(conn)
         self._poller.close()  # a thread still serving finds it closed and ends
+        with self._lock:
+            retired, self._retired = self._retired, collections.deque()
+        if retired:  # kept for their readers' copies, as _close says, by a timer now that housekeeping ended
+            timer = threading.Timer(HELD_AFTER_CLOSE_S, retired.clear)
+            timer.daemon = True
+            timer.start()
         for fd in (self._stop_r, self._stop_w):
             try:
                 os.close(fd)
