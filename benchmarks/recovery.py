@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import os
 import platform
 import shlex
@@ -161,11 +162,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--kill-at must be between 0 and 1")
     flags = shlex.split(args.dispatcher_flags)
     interrupt_on_sigterm()
+    # The reader's warning that the killed worker cannot be reached is expected here: kept off the table.
+    logging.getLogger("dataservice.client").setLevel(logging.ERROR)
     print(f"recovery: {args.workers} worker processes, range({args.elements:,}) with {args.work} loop iterations "
           f"per element, dispatcher flags: {' '.join(flags) or '(the defaults)'}; {platform.node()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}", flush=True)
     header = ("| repeat | epoch | epoch s | kill -> first redone element s | kill -> end of epoch s | "
-              "splits redone | elements |")
+              "splits redone (part-delivered) | elements |")
     print(header)
     print("|" + "|".join("---" for _ in range(header.count("|") - 1)) + "|", flush=True)
     group = ProcessGroup(keep_logs=args.keep_logs)

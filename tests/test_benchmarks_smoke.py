@@ -68,3 +68,23 @@ def test_unread_iterations_prints_rows_and_summary():
     summary = re.match(r"^worker: 30 tasks .*; RSS (\d+\.\d) MB idle, (\d+\.\d) MB at the peak row; .* over 1 s$",
                        lines[-1])
     assert summary and 0 < float(summary.group(1)) <= float(summary.group(2)), result.stdout
+
+
+@pytest.mark.slow
+def test_recovery_prints_an_undisturbed_and_a_killed_epoch():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.recovery", "--elements", "20000", "--work", "500",
+                             "--dispatcher-flags", "--worker-timeout-ms 1000"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith("| 1 |")]
+    assert [r[1] for r in rows] == ["undisturbed", "worker killed at 25%"], result.stdout
+    calm, hit = rows
+    assert calm[6] == hit[6] == "20,000", result.stdout  # every element once: the benchmark checks it
+    # Redone after the (shortened) worker timeout, not the garbage collector's 60 s. ("-": the killed worker
+    # had delivered no split in part, which a kill between two of its splits allows.)
+    end = float(hit[4])
+    first_redone = end if hit[3] == "-" else float(hit[3])
+    assert 0 < first_redone <= end < 30, result.stdout
