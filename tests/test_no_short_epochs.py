@@ -1,10 +1,21 @@
 """A distributed_epoch read never ends short without an error when a task fails or goes away.
 
-Each test is one path by which a read could once end early, with fewer elements than the
-epoch and no error (issue 12's investigation): a worker that cannot load the pipeline, a task
-revoked while it holds no split, a worker restarted during the first split, a pipeline whose
-loading raises ``SystemExit``. Each path now either redoes what is missing or raises.
-The real-process versions with default timeouts are in tests/test_failure_detection.py.
+Issue 12's investigation, one test per path. Ended short before, now redone or raised:
+
+- the last worker lost holding no split (before its first, or between two): the reader was told
+  to expect no more tasks, and ended with what it had;
+- the last worker lost just after a split: the iteration finished on "every task finished"
+  (a revoked task counts as finished) with splits never produced;
+- no worker can load the pipeline: the failed task finished the iteration, so a second reader
+  of the job got end of input;
+- a pipeline whose loading raises ``SystemExit``: the worker's heartbeat thread died, and the
+  read waited for ``timeout_ms``.
+
+Checked and found sound (kept as regression tests): the only worker restarted during the
+first split. Elsewhere: "task not running" answered for good (tests/test_unreachable_workers.py)
+and an answer freed under a reader's copy by a stopping worker
+(tests/test_service_delivery.py::test_large_elements_survive_a_worker_restart). The
+real-process tests with default timeouts are in tests/test_failure_detection.py.
 """
 
 from __future__ import annotations

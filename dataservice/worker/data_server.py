@@ -15,7 +15,10 @@ worker's memory itself (``dataservice.service.cross_memory``): it asks with
 ``read_memory``, and the answer carries their addresses instead of their
 bytes. The worker keeps that answer's arrays alive until the reader's next
 request on the connection; a reader that could not copy them says so in that
-request (``previous_unread``) and the elements go back to the task.
+request (``previous_unread``) and the elements go back to the task. A connection
+closed meanwhile (the worker stopping) keeps them ``HELD_AFTER_CLOSE_S`` longer,
+and a reader that finds it closed once it copied drops the copy: what it copied may
+come from memory already reused.
 
 **Threads and limits.** No connection has a thread of its own. Every connection's socket is
 registered, edge-triggered, in one epoll set, and a bounded pool of serving threads (at most
@@ -147,9 +150,9 @@ SEND_STALL_TIMEOUT_S = 60.0
 #: Connections beyond the limit being told so (a TLS handshake, the error, the linger) at once; more
 #: than these are closed without a word.
 _REFUSING_MAX = 64
-#: Accept failures for want of resources: the listener pauses this long, doubling up to the maximum.
 #: How long the arrays of an answer by address stay alive after its connection closed (see DataServer._close).
 HELD_AFTER_CLOSE_S = 2.0
+#: Accept failures for want of resources: the listener pauses this long, doubling up to the maximum.
 _ACCEPT_BACKOFF_MIN_S = 0.01
 _ACCEPT_BACKOFF_MAX_S = 1.0
 #: Connections accepted per wake-up before the thread looks at other events.
