@@ -70,21 +70,6 @@ _MAX_REFUSAL_BYTES = 4096
 IDLE_CHECK_AFTER_S = 0.05
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """The peer closed (or reset) ``sock``: seen without waiting and without consuming a byte. The
-    plain socket's recv, also under TLS: a worker closes without a close_notify, so a closed TLS
-    connection shows as end of stream too, and between answers a worker sends nothing."""
-    try:
-        # select first: the socket has a timeout, and Python waits that long for a recv on it, flags or not.
-        if not select.select([sock], [], [], 0)[0]:
-            return False
-        return socket.socket.recv(sock, 1, socket.MSG_PEEK) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except (OSError, ValueError):
-        return True
-
-
 class TransientError(Exception):
     """The worker could not answer now; try again. ``answered`` is True when the worker did answer
     (it does not hold the task yet, or any more): it is reachable."""
@@ -273,10 +258,15 @@ class TcpTransport:
         self._unread = False  # the last answer's arrays could not be copied: the worker takes them back
 
     def _closed_by_worker(self) -> bool:
-        """Whether the worker closed our connection while it was idle: between two requests it sends
-        nothing, so anything readable now is its close (or a reset, or bytes that make no sense). One
-        poll(2) on the socket, after IDLE_CHECK_AFTER_S unused; under TLS the close is readable there too."""
-        if self._closed_check is None or time.monotonic() - self._last_used < IDLE_CHECK_AFTER_S:
+        """Whether the worker closed our connection while it was idle (checked after IDLE_CHECK_AFTER_S
+        unused: see there)."""
+        return time.monotonic() - self._last_used >= IDLE_CHECK_AFTER_S and self._worker_closed()
+
+    def _worker_closed(self) -> bool:
+        """Whether the worker closed our connection: between two requests it sends nothing, so anything
+        readable now is its close (or a reset, or bytes that make no sense). One poll(2) on the socket;
+        under TLS the close is readable there too."""
+        if self._closed_check is None:
             return False
         try:
             return bool(self._closed_check.poll(0))
@@ -427,7 +417,7 @@ class TcpTransport:
                     if self.memory_pid is None:
                         raise WireFormatError("an answer by address to a request for bytes")
                     self._copy_from_worker(header, buffers)
-                    if _closed_by_peer(sock):
+                    if self._worker_closed():
                         # Closed, the worker frees these arrays soon after (DataServer._close): the copy may
                         # have read memory already reused. Dropped, not a byte of it used: a worker that stopped
                         # has its splits redone without them (the reader never said it held them).
