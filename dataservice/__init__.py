@@ -41,8 +41,8 @@ _quiet_grpc_core()
 from dataservice import errors
 from dataservice.client.distribute import ShardingPolicy, distribute, from_dataset_id, register_dataset
 from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
-                              FixedLengthRecordDataset, Options, SqlDataset, TextLineDataset, TFRecordDataset,
-                              TFRecordWriter, ThreadingOptions, shuffle_and_repeat)
+                              FixedLengthRecordDataset, Options, SqlDataset, TensorSpec, TextLineDataset,
+                              TFRecordDataset, TFRecordWriter, ThreadingOptions, shuffle_and_repeat)
 
 from dataservice.data.code_shipping import ship_by_reference, ship_by_value
 from dataservice.dispatcher.server import DispatchServer
@@ -63,6 +63,7 @@ __all__ = [
     "SqlDataset",
     "TFRecordDataset",
     "TFRecordWriter",
+    "TensorSpec",
     "TextLineDataset",
     "ThreadingOptions",
     "UNKNOWN_CARDINALITY",

@@ -573,6 +573,7 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
         } for w in response.workers],
         "datasets": [{
             "dataset_id": d.dataset_id,
+            "dataset_names": list(d.dataset_names),
             "fingerprint": d.fingerprint,
             "num_splits": d.num_splits,
             "size_bytes": d.size_bytes,
@@ -628,9 +629,10 @@ def format_status(status: dict, out: TextIO) -> None:
                                      else "")] for w in status["workers"]], out)
     out.write(f"\n{_shown(status['datasets'], counts.get('datasets', len(status['datasets'])), 'datasets')}\n")
     if status["datasets"]:
-        _table(["ID", "FINGERPRINT", "SPLITS", "SIZE"],
-               [[d["dataset_id"], d["fingerprint"][:16], d["num_splits"] if d["num_splits"] >= 0 else "-",
-                 f"{d['size_bytes']:,} B"] for d in status["datasets"]], out)
+        _table(["ID", "NAMES", "FINGERPRINT", "SPLITS", "SIZE"],
+               [[d["dataset_id"], ",".join(d.get("dataset_names", ())) or "-", d["fingerprint"][:16],
+                 d["num_splits"] if d["num_splits"] >= 0 else "-", f"{d['size_bytes']:,} B"]
+                for d in status["datasets"]], out)
     jobs_line = _shown(status["jobs"], counts.get("jobs", len(status["jobs"])), "jobs")
     if counts.get("jobs_finished"):
         jobs_line += f"; {counts['jobs_finished']} finished since the state began, {counts.get('jobs_pruned', 0)} of " \

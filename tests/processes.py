@@ -492,3 +492,44 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         for proc in processes.procs:  # shown by pytest when the test failed
             print(f"===== {' '.join(proc.args[1:])} (exit {proc.popen.returncode})\n"
                   f"stdout: {''.join(proc.lines[-10:])}\nstderr (tail): {proc.stderr[-3000:]}")
+
+
+# --- record files read across splits (tests/test_split_groups.py; pickled by reference) ----------
+
+#: A record's value is ``file * RECORD_FILE_STRIDE + index``: which file and which record.
+RECORD_FILE_STRIDE = 1_000_000
+
+
+def write_record_files(directory: Path, num_files: int, records_per_file: int) -> str:
+    """``num_files`` TFRecord files ``part-NN.tfrecord`` of ``records_per_file`` records each, written by
+    our TFRecordWriter; record k of file f is ``b"f:k"``. Returns the glob pattern matching them."""
+    from dataservice import TFRecordWriter
+
+    for f in range(num_files):
+        with TFRecordWriter(Path(directory) / f"part-{f:02d}.tfrecord") as writer:
+            for k in range(records_per_file):
+                writer.write(f"{f}:{k}".encode())
+    return str(Path(directory) / "part-*.tfrecord")
+
+
+def decode_record(record: bytes) -> int:
+    """``b"f:k"`` as ``f * RECORD_FILE_STRIDE + k``."""
+    f, k = record.split(b":")
+    return int(f) * RECORD_FILE_STRIDE + int(k)
+
+
+def slow_decode_record(record: bytes) -> int:
+    """``decode_record``, as slow as ``slow_identity``: a read is mid-way when a kill comes."""
+    return slow_identity(decode_record(record))
+
+
+def interleaved_shuffled_records(pattern: str, cycle_length: int = 4, buffer_size: int = 2_000, seed: int = 7,
+                                 slow: bool = True):
+    """The files matching ``pattern`` interleaved ``cycle_length`` at a time, decoded and shuffled with a
+    seed: in distributed_epoch a worker runs it over a group of files (Dataset.split_groups)."""
+    from dataservice import Dataset, TFRecordDataset
+
+    return (Dataset.list_files(pattern)
+            .interleave(TFRecordDataset, cycle_length=cycle_length)
+            .map(slow_decode_record if slow else decode_record)
+            .shuffle(buffer_size, seed=seed))

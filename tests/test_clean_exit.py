@@ -127,13 +127,14 @@ ABANDONED_READERS = textwrap.dedent("""
     shared = iter(ds.Dataset.range(100_000).apply(
         ds.distribute("distributed_epoch", dispatcher.target, job_name="shared")))
     next(shared)
-    print("abandoned", kept_elements, flush=True)
+    # Two workers each produce the whole range: their streams interleave, so only the count is fixed.
+    print("abandoned", len(kept_elements), flush=True)
 """)
 
 
 def test_abandoned_readers_and_running_servers_exit_cleanly(tmp_path):
     results = run_many(ABANDONED_READERS, tmp_path, runs=6, name="abandoned_readers")
-    assert_all_clean(results, "abandoned [0, 1, 2, 3, 4]")
+    assert_all_clean(results, "abandoned 5")
 
 
 # --- a script that stops everything itself -----------------------------------------------------

@@ -472,6 +472,9 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
     a = register(core, b"a", num_splits=3)
     b = register(core, b"b")
     register(core, b"a")
+    # User-chosen dataset ids: a new pipeline under a name, and a second name for a registered one.
+    core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"c", num_splits=1, dataset_name="c-v1"))
+    core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"a", num_splits=3, dataset_name="a-v1"))
     named = job(core, a, DE, "named")
     it = iteration(core, named)
     iteration(core, named)  # a second client

@@ -5,7 +5,7 @@ from dataservice import errors
 
 PUBLIC = {
     "AUTOTUNE", "Dataset", "DispatchServer", "DispatcherConfig", "FixedLengthRecordDataset", "INFINITE_CARDINALITY",
-    "Options", "ShardingPolicy", "SqlDataset", "TFRecordDataset", "TFRecordWriter", "TextLineDataset",
+    "Options", "ShardingPolicy", "SqlDataset", "TFRecordDataset", "TFRecordWriter", "TensorSpec", "TextLineDataset",
     "ThreadingOptions", "UNKNOWN_CARDINALITY", "WorkerConfig", "WorkerServer", "distribute", "errors",
     "from_dataset_id", "register_dataset", "ship_by_reference", "ship_by_value", "shuffle_and_repeat",
 }

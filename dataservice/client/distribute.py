@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterator, Optional, Union
 from dataservice import errors
 from dataservice.client.reader import DEFAULT_MAX_OUTSTANDING_REQUESTS, IterationReader
 from dataservice.client.transports import DATA_TRANSFER_PROTOCOLS
-from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorContext
-from dataservice.data.serialization import serialize_dataset
+from dataservice.data import specs
+from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext
+from dataservice.data.serialization import registered_cardinality, registered_element_spec, serialize_dataset
+from dataservice.dispatcher.request_checks import DATASET_NAME_RULE, dataset_name_problem, shown_name
 from dataservice.proto import state_pb2
 from dataservice.service.addresses import channel_address
 from dataservice.service.auth import ClusterAuth
@@ -90,35 +92,72 @@ def _parse_protocol(data_transfer_protocol: Optional[str]) -> Optional[str]:
 
 
 def _num_splits(dataset: Dataset) -> int:
+    """What the dispatcher hands out in distributed_epoch: the pipeline's split groups, each a run of
+    consecutive splits a worker runs the pipeline over together (``Dataset.split_groups``; workers read
+    the grouping back from this count). -1: without end; -2: not splittable."""
     try:
-        return dataset.num_splits()
+        return dataset.split_groups().num_groups
     except errors.NotSplittableError:
         return -2
 
 
+def _check_dataset_name(dataset_id: str) -> str:
+    """A dataset id chosen by the user, or ValueError naming what is wrong and the rule."""
+    problem = dataset_name_problem(dataset_id)
+    if problem is not None:
+        numeric = dataset_id.isascii() and dataset_id.isdigit() and len(dataset_id) <= 19
+        hint = f" (a numeric id goes as an int: {int(dataset_id)})" if numeric else ""
+        raise ValueError(f"dataset_id {shown_name(dataset_id)} {problem}{hint}: a dataset id you choose is "
+                         f"{DATASET_NAME_RULE}")
+    return dataset_id
+
+
+def _parse_dataset_id(dataset_id: Union[int, str]) -> Union[int, str]:
+    """``from_dataset_id``'s ``dataset_id``: a numeric id from ``register_dataset``, or an id chosen with
+    ``register_dataset(..., dataset_id=...)``."""
+    if isinstance(dataset_id, str):
+        return _check_dataset_name(dataset_id)
+    if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
+        raise ValueError(f"dataset_id must be a positive int returned by register_dataset, or a str chosen with "
+                         f"register_dataset(..., dataset_id=...), got {dataset_id!r}")
+    return dataset_id
+
+
 def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                      auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
-                     tls_key: Optional[str] = None) -> int:
+                     tls_key: Optional[str] = None, dataset_id: Optional[str] = None) -> Union[int, str]:
     """Registers ``dataset`` with the dispatcher at ``service``; returns its id.
 
-    The same pipeline registered twice gets the same id. ``auth_token`` is the cluster's token
-    (None: DATASERVICE_AUTH_TOKEN, then the file named by DATASERVICE_AUTH_TOKEN_FILE);
-    ``tls_ca``, ``tls_cert``, ``tls_key`` are ``distribute``'s.
+    The same pipeline registered twice gets the same id. ``dataset_id`` chooses the id (a str: see
+    ``request_checks.DATASET_NAME_RULE``), returned as given: it names this pipeline for the dispatcher's
+    lifetime, so registering the same pipeline under it again is a no-op, and another pipeline under it
+    raises ``errors.AlreadyExistsError``. Without it the dispatcher picks a numeric id (an int).
+    ``auth_token`` is the cluster's token (None: DATASERVICE_AUTH_TOKEN, then the file named by
+    DATASERVICE_AUTH_TOKEN_FILE); ``tls_ca``, ``tls_cert``, ``tls_key`` are ``distribute``'s.
 
     Example::
 
-        >>> dataset_id = register_dataset(dispatcher.target, Dataset.range(10))
+        >>> register_dataset(dispatcher.target, Dataset.range(10))
+        1733400000000000
+        >>> register_dataset(dispatcher.target, Dataset.range(10), dataset_id="range-10")
+        'range-10'
     """
     address = _parse_service(service)
     _parse_timeout(timeout_ms)
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a Dataset, got {type(dataset).__name__}")
+    if dataset_id is not None:
+        if not isinstance(dataset_id, str):
+            raise ValueError(f"dataset_id must be a str (or None: the dispatcher picks a numeric id), got "
+                             f"{dataset_id!r}")
+        _check_dataset_name(dataset_id)
     auth = ClusterAuth.resolve(auth_token)
     tls = TlsSettings.resolve(tls_ca, tls_cert, tls_key)
     blob = serialize_dataset(dataset)
     client = DispatcherClient(address, timeout_ms=timeout_ms, auth=auth, tls=tls)
     try:
-        return client.register_dataset(blob, _num_splits(dataset))
+        numeric_id = client.register_dataset(blob, _num_splits(dataset), dataset_name=dataset_id or "")
+        return numeric_id if dataset_id is None else dataset_id
     finally:
         client.close()
 
@@ -131,7 +170,10 @@ class _DataServiceDataset(Dataset):
     def __init__(self, processing_mode: ProcessingMode, service: str, dataset_id: Optional[int],
                  job_name: Optional[str], max_outstanding_requests: Optional[int], timeout_ms: int,
                  dataset: Optional[Dataset] = None, data_transfer_protocol: Optional[str] = None,
-                 auth_token: Optional[str] = None, tls_files: tuple = (None, None, None)):
+                 auth_token: Optional[str] = None, tls_files: tuple = (None, None, None),
+                 element_spec: Any = None):
+        #: from_dataset_id's element_spec, checked as a structure of TensorSpecs; None: learnt when asked.
+        self._given_spec = None if element_spec is None else specs.as_structure(element_spec)
         self._auth = ClusterAuth.resolve(auth_token)
         #: (tls_ca, tls_cert, tls_key) as given: paths, not secrets, so a pickled copy keeps them.
         self._tls_files = tuple(tls_files)
@@ -170,17 +212,53 @@ class _DataServiceDataset(Dataset):
     def _inputs(self) -> tuple:
         return ()
 
+    def _reads_from_service(self) -> bool:
+        return True
+
+    def _element_spec(self) -> Any:
+        """The spec given to from_dataset_id; else the distributed pipeline's (distribute); else the one
+        the dispatcher recorded at registration, read from the pipeline's proto without unpickling it."""
+        given = getattr(self, "_given_spec", None)
+        if given is not None:
+            return given
+        if self._dataset is not None:
+            return self._dataset.element_spec
+        specs.needs_element(f"{self._describe()} learns its element_spec from the dispatcher")
+        return registered_element_spec(self._registered_definition(), f"dataset {self._dataset_id!r}")
+
+    def _registered_definition(self) -> bytes:
+        """The registered pipeline's serialized definition, from the dispatcher (not unpickled here)."""
+        client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth, tls=self._tls)
+        try:
+            return client.get_dataset_def(self._registered_id(client))
+        finally:
+            client.close()
+
     def cardinality(self) -> int:
-        return UNKNOWN_CARDINALITY
+        """As tf.data service: 0 when the registered pipeline is empty, infinite when it is infinite,
+        otherwise unknown (how many elements a reader gets depends on the workers and other readers).
+        ``from_dataset_id`` learns the registered pipeline's from the dispatcher, once."""
+        if self._dataset is not None:
+            n = self._dataset.cardinality()
+        else:
+            n = self.__dict__.get("_registered_cardinality")
+            if n is None:
+                n = self._registered_cardinality = registered_cardinality(self._registered_definition())
+        return n if n in (0, INFINITE_CARDINALITY) else UNKNOWN_CARDINALITY
 
     def _split_source(self):
         raise errors.NotSplittableError(f"{self._describe()} is not splittable: it already reads from the service")
 
     def _registered_id(self, client: DispatcherClient) -> int:
+        """The dataset's numeric id, which every RPC takes (registering the pipeline first, for ``distribute``).
+        ``_dataset_id`` may be a chosen id (a str): it is resolved on every call, not kept, so that a
+        dispatcher restarted without fault tolerance, where the name was registered again, is read right."""
         with self._lock:
             if self._dataset_id is None:
                 self._dataset_id = client.register_dataset(serialize_dataset(self._dataset),
                                                            _num_splits(self._dataset))
+            if isinstance(self._dataset_id, str):
+                return client.get_dataset_id(self._dataset_id)
             return self._dataset_id
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
@@ -251,22 +329,27 @@ def mode_name(mode: int) -> str:
     return "parallel_epochs" if mode == state_pb2.PARALLEL_EPOCHS else "distributed_epoch"
 
 
-def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: int, element_spec: Any = None,
+def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: Union[int, str],
+                    element_spec: Any = None,
                     job_name: Optional[str] = None, max_outstanding_requests: Optional[int] = None,
                     timeout_ms: int = DEFAULT_TIMEOUT_MS, data_transfer_protocol: Optional[str] = None,
                     auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                     tls_key: Optional[str] = None) -> Dataset:
-    """A Dataset reading the registered dataset ``dataset_id`` from the service.
+    """A Dataset reading the registered dataset ``dataset_id`` from the service: the int ``register_dataset``
+    returned, or the str chosen with ``register_dataset(..., dataset_id=...)`` (NotFoundError when reading if
+    nothing is registered under it).
 
-    ``element_spec`` is accepted for tf.data compatibility and not needed: elements
-    describe themselves on the wire. The other arguments are ``distribute``'s.
+    ``element_spec`` (a structure of ``TensorSpec``, e.g. ``dataset.element_spec``) is what the
+    dataset's ``element_spec`` returns; None learns it from the dispatcher when first asked, as
+    recorded at registration (ValueError saying why when the pipeline's spec was not known without
+    running it). Elements describe themselves on the wire either way. The other arguments are
+    ``distribute``'s.
 
     Example::
 
         >>> ds = from_dataset_id("distributed_epoch", "grpc://localhost:5050", dataset_id, job_name="train")
     """
-    if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
-        raise ValueError(f"dataset_id must be a positive int returned by register_dataset, got {dataset_id!r}")
+    dataset_id = _parse_dataset_id(dataset_id)
     return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms,
                                data_transfer_protocol=data_transfer_protocol, auth_token=auth_token,
-                               tls_files=(tls_ca, tls_cert, tls_key))
+                               tls_files=(tls_ca, tls_cert, tls_key), element_spec=element_spec)

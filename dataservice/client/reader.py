@@ -8,8 +8,11 @@ worker has answered for ``timeout_ms`` the read raises
 each. ``max_outstanding_requests`` is a pool of element credits: a fetcher
 asks for as many elements as it holds credits, and a credit returns to the
 pool only when the consumer takes the element, so no more than that many
-elements are ever requested or buffered at once. A byte budget additionally
-bounds what is buffered when elements are large.
+elements are ever requested or buffered at once. Of that pool the reader uses
+only its read-ahead (``read_ahead.ReadAhead``): a few elements at first, growing
+with what its consumer takes while an answer is in flight, so that readers of
+a shared job take its elements at the rates their consumers do. A byte budget
+additionally bounds what is buffered when elements are large.
 
 Example::
 
@@ -30,6 +33,7 @@ from typing import Any, Optional
 
 from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
+from dataservice.client.read_ahead import ReadAhead
 from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.auth import ClusterAuth, task_read_key
@@ -66,31 +70,43 @@ _END = object()
 
 
 class _Credits:
-    """A counting pool shared by the fetchers, first come first served.
+    """A counting pool shared by the fetchers, first come first served, within an adaptive read-ahead.
 
-    ``acquire`` waits its turn, then takes up to ``most`` credits but no more than
-    a fair share of the pool, so that a fetcher whose worker has nothing ready
-    cannot keep every credit (and starve the fetchers whose workers do).
+    A credit is an element requested and not yet taken by the consumer. ``total``
+    (``max_outstanding_requests``) bounds them for good; ``read_ahead`` decides how many of them the
+    reader uses now (at least one per fetcher, as a tf.data service reader holds about one element per
+    task). ``acquire`` waits its turn, then takes up to ``most`` credits but no more than a fair share
+    of the read-ahead, so that a fetcher whose worker has nothing ready cannot keep every credit (and
+    starve the fetchers whose workers do).
     """
 
     def __init__(self, total: int):
         self.total = total
-        self._free = total
+        self.read_ahead = ReadAhead(total)
+        self._free = total  # of ``total``: in use are ``total - _free``
         self._cond = threading.Condition()
         self._queue: collections.deque = collections.deque()
         self.buffered_bytes = 0
         self.fetchers = 1
+        self.taken = 0  # elements the consumer has taken
+
+    def _window(self) -> int:
+        """How many credits may be in use now (under the lock)."""
+        return min(self.total, max(self.read_ahead.limit, self.fetchers))
+
+    def _room(self) -> int:
+        return self._window() - (self.total - self._free)
 
     def acquire(self, most: int, timeout_s: float) -> int:
         ticket = object()
         with self._cond:
             self._queue.append(ticket)
             try:
-                if not self._cond.wait_for(lambda: self._queue[0] is ticket and self._free > 0
+                if not self._cond.wait_for(lambda: self._queue[0] is ticket and self._room() > 0
                                            and self.buffered_bytes < MAX_BUFFERED_BYTES, timeout=timeout_s):
                     return 0
-                share = max(1, self.total // max(1, self.fetchers))
-                n = min(most, self._free, share)
+                share = max(1, self._window() // max(1, self.fetchers))
+                n = min(most, self._room(), share)
                 self._free -= n
                 return n
             finally:
@@ -102,6 +118,27 @@ class _Credits:
             self._free += n
             self.buffered_bytes += nbytes
             self._cond.notify_all()
+
+    def take_one(self) -> None:
+        """The consumer took an element: its credit comes back."""
+        with self._cond:
+            self._free += 1
+            self.taken += 1
+            self._cond.notify_all()
+
+    def answered(self, round_trip_s: float, carried_elements: bool) -> None:
+        """A worker answered a request after ``round_trip_s``."""
+        with self._cond:
+            before = self.read_ahead.limit
+            if self.read_ahead.answered(round_trip_s, carried_elements, self.taken, time.monotonic()) > before:
+                self._cond.notify_all()
+
+    def waited(self) -> None:
+        """The consumer found nothing buffered."""
+        with self._cond:
+            before = self.read_ahead.limit
+            if self.read_ahead.waited(time.monotonic()) > before:
+                self._cond.notify_all()
 
 
 class IterationReader:
@@ -168,6 +205,8 @@ class IterationReader:
                 self._current, self._current_bytes, self._pos = [], 0, 0
             if self._closed:
                 raise StopIteration
+            if self._out.empty():
+                self._credits.waited()  # the consumer keeps up with what arrives: read further ahead
             item = self._next_item()
             if item is _END:
                 self.close()
@@ -180,7 +219,7 @@ class IterationReader:
         element = self._current[self._pos]
         self._current[self._pos] = None  # the consumer owns it now
         self._pos += 1
-        self._credits.release(1)
+        self._credits.take_one()
         return element
 
     def _next_item(self) -> Any:
@@ -404,6 +443,7 @@ class IterationReader:
                 request = worker_pb2.GetElementsRequest(task_id=task_id, client_id=self.client_id, max_elements=n,
                                                         max_bytes=MAX_RESPONSE_BYTES, wait_ms=wait_ms,
                                                         read_key=read_key)
+                sent = time.monotonic()
                 try:
                     head, frame = transport.get(request)
                 except TransientError as exc:
@@ -420,6 +460,7 @@ class IterationReader:
                     return
                 backoff = 0.05
                 self._answered(task_id)
+                self._credits.answered(time.monotonic() - sent, head.num_elements > 0)
                 alive = self._deliver(task, n, head, frame)
                 head = frame = None  # nothing of this response outlives _deliver: see there
                 if not alive:

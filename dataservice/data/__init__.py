@@ -12,6 +12,7 @@ from dataservice.data.options import AUTOTUNE, Options, ThreadingOptions
 from dataservice.data.readers import (FixedLengthRecordDataset, SqlDataset, TextLineDataset, TFRecordDataset,
                                       TFRecordWriter)
 from dataservice.data.serialization import dataset_fingerprint, deserialize_dataset, serialize_dataset
+from dataservice.data.specs import TensorSpec
 from dataservice.data.transformations import shuffle_and_repeat
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "SqlDataset",
     "TFRecordDataset",
     "TFRecordWriter",
+    "TensorSpec",
     "TextLineDataset",
     "ThreadingOptions",
     "UNKNOWN_CARDINALITY",

@@ -16,13 +16,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from dataservice.data.options import Options, default_parallelism
+from dataservice.data.options import AUTOTUNE, Options, default_parallelism
 
-__all__ = ["Dataset", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "IteratorContext"]
+__all__ = ["Dataset", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "IteratorContext", "SplitGroups"]
 
 #: ``cardinality()`` of a dataset that never ends.
 INFINITE_CARDINALITY = -1
@@ -40,8 +42,8 @@ class IteratorContext:
 
     options: Options
     split_provider: Optional[Iterator[int]] = None
-    #: The one split this iterator reads, when it reads exactly one (a service task
-    #: redoing a split must produce the same elements: seeded shuffles key on it).
+    #: The split group this iterator reads, in distributed_epoch (a service task redoing a
+    #: group must produce the same elements: seeded shuffles key on it). See SplitGroups.
     split_hint: Optional[int] = None
     _pool: Optional[ThreadPoolExecutor] = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -98,6 +100,10 @@ class Dataset:
     def _describe(self) -> str:
         return self._op_name
 
+    def _reads_from_service(self) -> bool:
+        """Whether this pipeline reads from the data service (``distribute``, ``from_dataset_id``)."""
+        return any(dataset._reads_from_service() for dataset in self._inputs())
+
     # --- splits ------------------------------------------------------------------
     def _split_source(self):
         """The splittable source this pipeline reads, or NotSplittableError naming why not."""
@@ -141,10 +147,41 @@ class Dataset:
         self._split_source()
         return self._root_iterator(iter(splits))
 
+    # --- split groups: what a distributed_epoch task runs over (see SplitGroups) ---
+    def split_groups(self, num_groups: Optional[int] = None) -> "SplitGroups":
+        """How distributed_epoch groups this pipeline's splits: a worker runs the pipeline over one
+        group of consecutive splits at a time, so that interleave and shuffle span the group, and a
+        group is what is redone after a worker loss.
+
+        ``num_groups`` is the count the dispatcher hands out (a worker passes the one the dataset
+        was registered with); None derives it from the pipeline, as ``distribute`` does.
+
+        Example::
+
+            >>> ds = Dataset.list_files("/data/train-*.tfrecord").interleave(TFRecordDataset, cycle_length=4)
+            >>> groups = ds.split_groups()        # 16 files
+            >>> groups.num_groups, groups.splits(1)
+            (4, range(4, 8))
+        """
+        return _split_groups(self, num_groups)
+
+    def iterate_split_group(self, group: int, num_groups: Optional[int] = None) -> Iterator:
+        """Runs the pipeline over split group ``group`` as a distributed_epoch worker does: a seeded
+        shuffle is keyed on the group, so a deterministic pipeline gives the same elements in the
+        same order wherever the group runs.
+
+        Example::
+
+            >>> ds = Dataset.range(100_000).shuffle(10_000, seed=1)
+            >>> assert list(ds.iterate_split_group(2)) == list(ds.iterate_split_group(2))
+        """
+        groups = self.split_groups(num_groups)
+        return self._root_iterator(iter(groups.splits(group)), split_hint=group)
+
     # --- iteration ---------------------------------------------------------------
     def _root_iterator(self, split_provider: Optional[Iterator[int]], split_hint: Optional[int] = None) -> Iterator:
         ctx = IteratorContext(options=self.options(), split_provider=split_provider, split_hint=split_hint)
-        return _ClosingIterator(self._iterator(ctx), ctx)
+        return _ClosingIterator(self._iterator(ctx), ctx, self)
 
     def __iter__(self) -> Iterator:
         return self._root_iterator(None)
@@ -173,6 +210,29 @@ class Dataset:
         for element in self:
             state = reduce_func(state, element)
         return state
+
+    # --- element_spec ------------------------------------------------------------
+    @property
+    def element_spec(self) -> Any:
+        """The type of an element: its structure (tuples, namedtuples, dicts) of ``TensorSpec``\\ s,
+        ``None`` for a dimension that varies, as ``tf.data.Dataset.element_spec``. Computed without
+        running the pipeline, except where only an element can tell (``dataservice.data.specs``).
+
+        Example::
+
+            >>> Dataset.range(10).batch(4).element_spec
+            TensorSpec(shape=(None,), dtype=int64, name=None)
+        """
+        from dataservice.data import specs
+
+        return specs.element_spec_of(self)
+
+    def _element_spec(self) -> Any:
+        """This node's spec, from its inputs'. A node that does not say is inspected: its first element."""
+        from dataservice.data import specs
+
+        return specs.inspected_spec(self, f"{type(self).__name__} does not compute its element_spec: it needs one "
+                                          "element")
 
     # --- options -----------------------------------------------------------------
     def options(self) -> Options:
@@ -214,10 +274,16 @@ class Dataset:
     def from_generator(generator: Callable[..., Iterable], output_types: Any = None,
                        output_shapes: Any = None, args: Optional[tuple] = None,
                        output_signature: Any = None) -> "Dataset":
-        """Elements of ``generator(*args)``, called anew for each iteration. Not splittable."""
-        from dataservice.data import sources
+        """Elements of ``generator(*args)``, called anew for each iteration. Not splittable.
 
-        return sources.GeneratorDataset(generator, args)
+        ``output_signature`` (a structure of ``TensorSpec``), or ``output_types`` with optional
+        ``output_shapes``, declares the elements, as in tf.data: ``element_spec`` is then known without
+        calling the generator, and each element is converted to the declared dtypes and checked.
+        """
+        from dataservice.data import sources, specs
+
+        return specs.with_generator_signature(sources.GeneratorDataset(generator, args), output_types,
+                                              output_shapes, output_signature)
 
     @staticmethod
     def list_files(file_pattern: Any, shuffle: bool = False, seed: Optional[int] = None) -> "Dataset":
@@ -243,11 +309,20 @@ class Dataset:
         return t.ConcatenateDataset(self, dataset)
 
     def map(self, map_func: Callable, num_parallel_calls: Optional[int] = None,
-            deterministic: Optional[bool] = None, name: Optional[str] = None) -> "Dataset":
-        """Applies ``map_func`` to each element; a tuple element is unpacked into its arguments."""
+            deterministic: Optional[bool] = None, name: Optional[str] = None,
+            output_signature: Any = None) -> "Dataset":
+        """Applies ``map_func`` to each element; a tuple element is unpacked into its arguments.
+
+        ``output_signature`` (a structure of ``TensorSpec``) declares what ``map_func`` returns: the
+        ``element_spec`` is then known without calling it, and each result is converted to the
+        declared dtypes and checked, as ``from_generator``'s. Without it, ``element_spec`` calls
+        ``map_func`` once, on the input's first element.
+        """
+        from dataservice.data import specs
         from dataservice.data import transformations as t
 
-        return t.MapDataset(self, map_func, num_parallel_calls, deterministic)
+        mapped = t.MapDataset(self, map_func, num_parallel_calls, deterministic)
+        return mapped if output_signature is None else specs.declared(mapped, output_signature, "returned")
 
     def filter(self, predicate: Callable) -> "Dataset":
         from dataservice.data import transformations as t
@@ -349,16 +424,22 @@ class Dataset:
 class _ClosingIterator:
     """The iterator a pipeline hands out; frees the pipeline's threads when done."""
 
-    __slots__ = ("_it", "_ctx", "__next__")
+    __slots__ = ("_it", "_ctx", "__next__", "_dataset")
 
-    def __init__(self, it: Iterator, ctx: IteratorContext):
+    def __init__(self, it: Iterator, ctx: IteratorContext, dataset: Optional[Dataset] = None):
         self._it = it
         self._ctx = ctx
+        self._dataset = dataset
         # Bind the inner __next__ directly: no extra Python frame per element.
         self.__next__ = it.__next__
 
     def __iter__(self) -> "_ClosingIterator":
         return self
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of the elements this iterator yields: its dataset's ``element_spec``."""
+        return self._dataset.element_spec
 
     def close(self) -> None:
         close = getattr(self._it, "close", None)
@@ -371,3 +452,144 @@ class _ClosingIterator:
             self._ctx.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+# --- split groups: distributed_epoch's unit of work and of recovery ------------------------
+
+#: A pass is cut into at least this many groups when it has this many splits, so that an epoch's
+#: groups spread over workers (a larger derived group size is capped).
+MIN_SPLIT_GROUPS = 4
+#: Elements a split is taken to hold where the pipeline cannot tell (a file of records; what an
+#: interleave, flat_map or unbatch makes), when sizing a group to fill a shuffle buffer.
+ASSUMED_SPLIT_ELEMENTS = 1024
+#: Splits an ``interleave(cycle_length=AUTOTUNE)`` asks a group for. Not the core count it resolves
+#: to: a grouping must not depend on the host that computes it (client or worker).
+AUTOTUNE_CYCLE_SPLITS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitGroups:
+    """How distributed_epoch groups a pipeline's splits (``Dataset.split_groups``).
+
+    The dispatcher hands out group indices ``0 .. num_groups-1`` (-1: without end, under
+    ``repeat()``) as it would splits. Each pass of the pipeline (``pass_splits`` splits: one
+    repetition under its outermost ``repeat``) is cut into ``groups_per_pass`` runs of consecutive
+    splits, as even as can be, so no group is smaller than ``group_size``; group ``g`` is run
+    ``g % groups_per_pass`` of pass ``g // groups_per_pass``, and no group spans two passes.
+
+    Example::
+
+        >>> SplitGroups(num_splits=10, pass_splits=10, groups_per_pass=3, num_groups=3).splits(1)
+        range(3, 6)
+    """
+
+    num_splits: int
+    pass_splits: int
+    groups_per_pass: int
+    num_groups: int
+
+    @property
+    def group_size(self) -> int:
+        """The fewest splits a group holds (the groups of a pass differ by one split at most)."""
+        return self.pass_splits // self.groups_per_pass
+
+    def splits(self, group: int) -> range:
+        """The split indices of group ``group``, in order."""
+        if not isinstance(group, int) or isinstance(group, bool):
+            try:
+                group = operator.index(group)  # numpy integers
+            except TypeError:
+                raise TypeError(f"group must be an int, got {group!r}") from None
+        if group < 0 or 0 <= self.num_groups <= group:
+            bound = "without end" if self.num_groups < 0 else f"below {self.num_groups}"
+            raise ValueError(f"group must be >= 0 and {bound}, got {group}")
+        passes, run = divmod(group, self.groups_per_pass)
+        base, size, runs = passes * self.pass_splits, self.pass_splits, self.groups_per_pass
+        return range(base + run * size // runs, base + (run + 1) * size // runs)
+
+
+def _split_groups(dataset: Dataset, registered: Optional[int]) -> SplitGroups:
+    if registered is not None and (not isinstance(registered, int) or isinstance(registered, bool)
+                                   or registered < INFINITE_CARDINALITY):
+        raise ValueError(f"num_groups must be an int >= -1 or None, got {registered!r}")
+    n = dataset.num_splits()  # NotSplittableError naming the culprit
+    passes = _pass_splits(dataset)
+    if n == 0:
+        groups = SplitGroups(0, 1, 1, 0)
+    elif passes <= 0 or (n > 0 and n % passes):
+        # No pass to cut (say, an infinite input under a finite repeat): one split per group.
+        groups = SplitGroups(n, 1, 1, n)
+    elif registered is not None and registered >= 0 and n > 0:
+        # The registered count decides, not this process's derivation: a registration made by another
+        # version (or before groups existed: one split per group) is read as it was meant.
+        per_pass, extra = divmod(registered, n // passes)
+        if extra or not 1 <= per_pass <= passes:
+            per_pass = 0  # no whole groups: the check below says so
+        groups = SplitGroups(n, passes, max(1, per_pass), per_pass * (n // passes))
+    else:
+        per_pass = max(1, passes // _group_size(dataset, passes))
+        groups = SplitGroups(n, passes, per_pass, per_pass * (n // passes) if n > 0 else INFINITE_CARDINALITY)
+    if registered is not None and (registered != groups.num_groups or (registered == 0 and n != 0)):
+        raise ValueError(
+            f"{dataset._describe()}: the dataset was registered with {registered} split groups, which do not "
+            f"divide its {n} splits ({passes} per pass) into whole groups; was it registered by another "
+            "version of dataservice? Register it again with this one.")
+    return groups
+
+
+def _pass_splits(dataset: Dataset) -> int:
+    """Splits of one pass: those of the outermost repeat's input (every split, without a repeat)."""
+    from dataservice.data.transformations import RepeatDataset
+
+    node = dataset
+    while True:
+        if isinstance(node, RepeatDataset):
+            return node._input._num_splits()
+        inputs = node._inputs()
+        if len(inputs) != 1:
+            return node._num_splits()
+        node = inputs[0]
+
+
+def _group_size(dataset: Dataset, passes: int) -> int:
+    """The fewest splits a group should hold: the option, else what the pipeline wants, capped so
+    that a pass has ``MIN_SPLIT_GROUPS`` groups."""
+    chosen = dataset.options().experimental_distribute.split_group_size
+    if chosen is None:
+        chosen = min(_group_profile(dataset)[1], passes // MIN_SPLIT_GROUPS)
+    return max(1, min(chosen, passes))
+
+
+def _group_profile(node: Dataset) -> tuple[Optional[float], int]:
+    """(elements per split at ``node``'s output, None where unknown; splits a group needs for the
+    interleaves and shuffles at or below ``node`` to span splits). Only the nodes that read the
+    split provider count: datasets built inside an interleave's function read none."""
+    from dataservice.data import cache, sources, specs
+    from dataservice.data import transformations as t
+
+    if isinstance(node, sources.SplittableSource):
+        if isinstance(node, sources.ListFilesDataset):
+            return 1.0, 1
+        if isinstance(node, (sources.RangeDataset, sources.TensorSlicesDataset)):
+            return float(node._split_size), 1
+        return None, 1  # files of records: how many is not known without reading them
+    profiles = [_group_profile(child) for child in node._inputs()]
+    need = max((wanted for _, wanted in profiles), default=1)
+    sizes = [size for size, _ in profiles]
+    size = min(sizes) if sizes and None not in sizes else None
+    if isinstance(node, t.ShuffleDataset):
+        need = max(need, math.ceil(node._buffer_size / (size or ASSUMED_SPLIT_ELEMENTS)))
+    elif isinstance(node, t.InterleaveDataset):
+        cycle = AUTOTUNE_CYCLE_SPLITS if node._cycle_length == AUTOTUNE else node._cycle_length
+        need = max(need, math.ceil(cycle / (size or ASSUMED_SPLIT_ELEMENTS)))
+        size = None
+    elif isinstance(node, t.BatchDataset):  # and padded_batch
+        size = size / node._batch_size if size else None
+    elif isinstance(node, t.ShardDataset):
+        size = size / node._num_shards if size else None
+    elif not isinstance(node, (t.MapDataset, t.FilterDataset, t.RepeatDataset, t.TakeDataset, t.SkipDataset,
+                               t.TakeWhileDataset, t.EnumerateDataset, t.PrefetchDataset, t.UniqueDataset,
+                               t._OptionsDataset, t.ZipDataset, t.ConcatenateDataset, cache.CacheDataset,
+                               specs.DeclaredSpecDataset)):
+        size = None  # unbatch, or a node this estimate does not know
+    return size, need

@@ -5,10 +5,12 @@ the user's own modules — files beside the script, a project checkout,
 ``__main__`` — travels by value, recursively; installed libraries travel by
 reference (``dataservice.data.code_shipping`` says which is which). The bytes
 are a ``PipelineDef``: the pickle, the client's versions of Python,
-cloudpickle, numpy and dataservice, and the names of the modules shipped by
-value. Loading checks the versions first (``dataservice.data.environment``)
-and names a missing module, so a worker can say what is wrong instead of
-showing an unpickling traceback.
+cloudpickle, numpy and dataservice, the names of the modules shipped by
+value, and the pipeline's element_spec where it is known without running any
+of it (``registered_element_spec`` reads it back without unpickling). Loading
+checks the versions first (``dataservice.data.environment``) and names a
+missing module, so a worker can say what is wrong instead of showing an
+unpickling traceback.
 
 Serializing is deterministic: the same code gives the same bytes, in any
 process (classes shipped by value get an id derived from the shipped source,
@@ -39,13 +41,15 @@ import cloudpickle
 from google.protobuf.message import DecodeError
 
 from dataservice import errors
+from dataservice.data import specs
 from dataservice.data.code_shipping import is_shipped_by_value, shipped_modules, source_digest
 from dataservice.data.dataset import Dataset
 from dataservice.data.environment import describe_versions, differences, skew, versions
 from dataservice.errors import PipelineSerializationError
 from dataservice.proto import pipeline_pb2
 
-__all__ = ["serialize_dataset", "deserialize_dataset", "dataset_fingerprint"]
+__all__ = ["serialize_dataset", "deserialize_dataset", "dataset_fingerprint", "registered_element_spec",
+           "registered_cardinality"]
 
 # cloudpickle's by-value registry is process-wide: one serialization at a time changes it.
 _registry_lock = threading.Lock()
@@ -114,7 +118,61 @@ def serialize_dataset(dataset: Dataset) -> bytes:
                 cloudpickle.unregister_pickle_by_value(module)
     definition = pipeline_pb2.PipelineDef(pipeline=buffer.getvalue(), versions=versions(),
                                           shipped_modules=[m.__name__ for m in modules])
+    _record_element_spec(definition, dataset)
+    definition.cardinality = dataset.cardinality()
     return definition.SerializeToString(deterministic=True)
+
+
+def _record_element_spec(definition: pipeline_pb2.PipelineDef, dataset: Dataset) -> None:
+    # Only the static spec: registering never reads an element or calls a user function, and the
+    # bytes (so the dataset id) are the same whether or not element_spec was asked for before.
+    spec, why = specs.static_element_spec(dataset)
+    if spec is not None:
+        try:
+            definition.element_spec.CopyFrom(specs.encode(spec))
+            return
+        except ValueError as exc:
+            why = f"it cannot be recorded: {exc}"
+    definition.element_spec_unknown = why
+
+
+def registered_element_spec(blob: bytes, dataset: str = "the dataset") -> Any:
+    """The element_spec recorded in a serialized pipeline, read from the proto alone: the pipeline
+    is not unpickled, so the reading process needs none of its modules.
+
+    Raises ValueError, saying why, when the spec was not known without running the pipeline.
+
+    Example::
+
+        >>> registered_element_spec(serialize_dataset(Dataset.range(3).batch(2)))
+        TensorSpec(shape=(None,), dtype=int64, name=None)
+    """
+    try:
+        definition = pipeline_pb2.PipelineDef.FromString(blob)
+    except DecodeError as exc:
+        raise ValueError(f"{dataset}: not a serialized dataservice pipeline: {exc}") from exc
+    if definition.HasField("element_spec"):
+        return specs.decode(definition.element_spec)
+    why = definition.element_spec_unknown or "it was registered by a version of dataservice that did not record it"
+    raise ValueError(f"the element_spec of {dataset} is not known without running its pipeline: {why}. Pass "
+                     "element_spec= to from_dataset_id, or declare it in the pipeline (map(..., "
+                     "output_signature=...), from_generator(..., output_signature=...)).")
+
+
+def registered_cardinality(blob: bytes) -> int:
+    """The cardinality recorded in a serialized pipeline (UNKNOWN_CARDINALITY if none was), read from
+    the proto alone.
+
+    Example::
+
+        >>> registered_cardinality(serialize_dataset(Dataset.range(3).repeat()))
+        -1
+    """
+    try:
+        definition = pipeline_pb2.PipelineDef.FromString(blob)
+    except DecodeError:
+        return UNKNOWN_CARDINALITY
+    return definition.cardinality if definition.HasField("cardinality") else UNKNOWN_CARDINALITY
 
 
 def deserialize_dataset(blob: bytes) -> Dataset:

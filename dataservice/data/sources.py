@@ -41,9 +41,9 @@ def split_size_for(num_elements: int) -> int:
     """Elements per split for an indexed source of ``num_elements``: coarse, but balanced.
 
     A power of two between ``MIN_SPLIT_ELEMENTS`` and ``MAX_SPLIT_ELEMENTS``: the
-    service runs a pipeline over one split at a time in distributed_epoch, so a
+    service runs a pipeline over groups of whole splits in distributed_epoch, so a
     ``batch(n)`` with n a power of two up to 256 never leaves a partial batch at a
-    split's end.
+    group's end.
     """
     want = math.ceil(num_elements / TARGET_SPLITS)
     size = MIN_SPLIT_ELEMENTS
@@ -105,6 +105,11 @@ class RangeDataset(SplittableSource):
     def cardinality(self) -> int:
         return len(self._range)
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), self._dtype)
+
     def num_source_splits(self) -> int:
         return math.ceil(len(self._range) / self._split_size)
 
@@ -158,6 +163,13 @@ class TensorSlicesDataset(SplittableSource):
     def cardinality(self) -> int:
         return self._length
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        # Each component's rows: its shape without the first dimension.
+        leaves = [specs.TensorSpec(leaf.shape[1:], specs.TensorSpec.from_value(leaf).dtype) for leaf in self._leaves]
+        return leaves[0] if self._structure is None else structure.pack_as(self._structure, leaves)
+
     def num_source_splits(self) -> int:
         return math.ceil(self._length / self._split_size)
 
@@ -187,6 +199,11 @@ class TensorsDataset(Dataset):
     def cardinality(self) -> int:
         return 1
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.spec_from_value(self._element)
+
     def _split_source(self):
         from dataservice.errors import NotSplittableError
 
@@ -208,6 +225,15 @@ class GeneratorDataset(Dataset):
 
     def _describe(self) -> str:
         return f"Dataset.from_generator({getattr(self._generator, '__qualname__', self._generator)!r})"
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+        from dataservice.data.dataset import _function_name
+
+        # No output_signature (Dataset.from_generator wraps this node when there is one): the first
+        # element tells. The reason names the function without its repr, which may hold an address.
+        return specs.inspected_spec(self, f"Dataset.from_generator({_function_name(self._generator)}) has no "
+                                          "output_signature: its element_spec needs its first element")
 
     def _split_source(self):
         from dataservice.errors import NotSplittableError
@@ -299,6 +325,11 @@ class ListFilesDataset(SplittableSource):
 
     def cardinality(self) -> int:
         return len(self._files)
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), specs.string)
 
     def num_source_splits(self) -> int:
         return len(self._files)

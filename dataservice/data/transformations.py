@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -26,8 +27,8 @@ import numpy as np
 
 from dataservice.data import structure
 from dataservice.data.background import Pump
-from dataservice.data.dataset import (INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext,
-                                      _function_name)
+from dataservice.data.dataset import (AUTOTUNE_CYCLE_SPLITS, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
+                                      IteratorContext, _function_name)
 from dataservice.data.options import AUTOTUNE, Options, default_parallelism
 
 __all__ = [
@@ -89,6 +90,10 @@ class _UnaryDataset(Dataset):
     def cardinality(self) -> int:
         return self._input.cardinality()
 
+    def _element_spec(self) -> Any:
+        # filter, shuffle, repeat, take, skip, prefetch, cache, ...: elements pass through unchanged.
+        return self._input.element_spec
+
 
 class _OptionsDataset(_UnaryDataset):
     _op_name = "Dataset.with_options"
@@ -128,6 +133,12 @@ class MapDataset(_UnaryDataset):
 
     def _describe(self) -> str:
         return f"Dataset.map({_function_name(self._fn)})"
+
+    def _element_spec(self) -> Any:
+        # No output_signature (Dataset.map wraps this node when there is one): call fn on one element.
+        from dataservice.data import specs
+
+        return specs.traced_spec(self._input, self._fn, self._describe())
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         it = self._input._iterator(ctx)
@@ -231,6 +242,12 @@ class BatchDataset(_UnaryDataset):
             return n
         return n // self._batch_size if self._drop_remainder else -(-n // self._batch_size)
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        # As tf.data: the batch dimension is static only when a short last batch is dropped.
+        return specs.batched(self._input.element_spec, self._batch_size if self._drop_remainder else None)
+
     def _batches(self, it: Iterator) -> Iterator[list]:
         size, drop = self._batch_size, self._drop_remainder
         islice = itertools.islice
@@ -255,6 +272,12 @@ class PaddedBatchDataset(BatchDataset):
         self._padded_shapes = padded_shapes
         self._padding_values = padding_values
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.padded_batched(self._input.element_spec, self._batch_size if self._drop_remainder else None,
+                                    self._padded_shapes, self._describe())
+
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         for chunk in self._batches(self._input._iterator(ctx)):
             yield structure.pad_and_stack(chunk, self._padded_shapes, self._padding_values)
@@ -266,6 +289,11 @@ class UnbatchDataset(_UnaryDataset):
     def cardinality(self) -> int:
         n = self._input.cardinality()
         return n if n == INFINITE_CARDINALITY else UNKNOWN_CARDINALITY
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.unbatched(self._input.element_spec, self._describe())
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         unstack = structure.unstack
@@ -304,8 +332,8 @@ class ShuffleDataset(_UnaryDataset):
         if self._seed is None:
             return random.Random()
         if ctx.split_hint is not None:
-            # One split read on its own: the order must depend on the split alone, so that
-            # a split redone elsewhere (after a worker loss) comes out the same.
+            # A split group of distributed_epoch: the order must depend on the group alone, so
+            # that a group redone elsewhere (after a worker loss) comes out the same.
             return random.Random(self._seed * 1_000_003 + 999_983 * (ctx.split_hint + 1))
         if not self._reshuffle:
             return random.Random(self._seed)
@@ -358,14 +386,19 @@ class RepeatDataset(_UnaryDataset):
             # The provider numbers the splits of every repetition; one pass reads them all.
             yield from self._input._iterator(ctx)
             return
-        epochs = itertools.count() if self._count < 0 else range(self._count)
-        for _ in epochs:
+        # As tf.data: repeat(count) goes through all its epochs, however many are empty. repeat() ends at
+        # an empty epoch (an empty input would spin forever), unless its input reads from the service:
+        # there an epoch is empty when other readers of a shared job took all of it, and the next
+        # iteration of the job has elements again.
+        forever = self._count < 0
+        ends_when_empty = forever and not self._input._reads_from_service()
+        for _ in itertools.count() if forever else range(self._count):
             produced = False
             for x in self._input._iterator(ctx):
                 produced = True
                 yield x
-            if not produced:
-                return  # an empty input would otherwise spin forever
+            if not produced and ends_when_empty:
+                return
 
 
 class TakeDataset(_UnaryDataset):
@@ -465,6 +498,11 @@ class EnumerateDataset(_UnaryDataset):
             raise TypeError(f"start must be an int, got {start!r}")
         self._start = int(start)
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return (specs.TensorSpec((), np.int64), self._input.element_spec)
+
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         return zip(map(np.int64, itertools.count(self._start)), self._input._iterator(ctx))
 
@@ -486,6 +524,12 @@ class InterleaveDataset(_UnaryDataset):
     def _describe(self) -> str:
         return f"Dataset.{self._op}({_function_name(self._fn)})"
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        # That of the dataset the function returns, for the input's first element.
+        return specs.returned_dataset_spec(self._input, self._fn, self._describe())
+
     def cardinality(self) -> int:
         # As tf.data: unknown whatever the input, since each input element may map
         # to any number of elements (an infinite input of empty datasets yields none).
@@ -502,7 +546,11 @@ class InterleaveDataset(_UnaryDataset):
         return ds._iterator(ctx.without_splits())
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        cycle = default_parallelism() if self._cycle_length == AUTOTUNE else self._cycle_length
+        cycle = self._cycle_length
+        if cycle == AUTOTUNE:
+            # A service task's group of splits must give the same order on any worker that redoes it
+            # (exactly once): not the host's core count there, but a constant.
+            cycle = default_parallelism() if ctx.split_hint is None else AUTOTUNE_CYCLE_SPLITS
         if self._num_parallel_calls is None:
             return self._sequential(ctx, cycle)
         return self._parallel(ctx, cycle)
@@ -535,8 +583,10 @@ class InterleaveDataset(_UnaryDataset):
             i = (i + 1) % cycle
 
     def _parallel(self, ctx: IteratorContext, cycle: int) -> Iterator:
-        # One pump thread per open slot reads ahead; the consumer keeps tf.data's
-        # cycle/block order unless nondeterminism is allowed.
+        # The whole cycle is open at once, as in tf.data's parallel interleave: a pump thread per input
+        # calls the function and reads ahead from the start. The consumer keeps tf.data's cycle/block
+        # order; with nondeterminism allowed it takes elements in completion order instead, so a slow
+        # input holds up only itself.
         it = self._input._iterator(ctx)
         block = self._block_length
         deterministic = _deterministic(self._deterministic, ctx)
@@ -548,44 +598,79 @@ class InterleaveDataset(_UnaryDataset):
 
         slots: list = [None] * cycle
         input_done = False
+
+        def fill() -> None:
+            """Opens an input in every empty slot, in slot order. A slot emptied as the loop serves it
+            takes the next input at once, which is the input tf.data's order gives it on its next turn."""
+            nonlocal input_done
+            for j in range(cycle):
+                if slots[j] is not None or input_done:
+                    continue
+                try:
+                    x = next(it)
+                except StopIteration:
+                    input_done = True
+                    return
+                except Exception as exc:  # raised when the loop reaches this slot, as without read-ahead
+                    input_done = True
+                    slots[j] = Pump(_raising(exc), capacity=1, on_ready=notify, name="dataservice-interleave")
+                    return
+                slots[j] = Pump(self._opened(x, ctx), capacity=max(2, 2 * block), on_ready=notify,
+                                name="dataservice-interleave")
+
+        def any_ready() -> bool:
+            return any(s is not None and s.has_buffered() for s in slots)
+
         i = 0
         try:
+            fill()
             while True:
-                if slots[i] is None and not input_done:
-                    try:
-                        x = next(it)
-                    except StopIteration:
-                        input_done = True
-                    else:
-                        slots[i] = Pump(self._open(x, ctx), capacity=max(2, 2 * block), on_ready=notify,
-                                        name="dataservice-interleave")
                 if input_done and all(s is None for s in slots):
                     return
                 current = slots[i]
-                if current is not None:
-                    item = current.poll() if not deterministic else Pump.EMPTY
+                if current is None:
+                    i = (i + 1) % cycle
+                    continue
+                if deterministic:
+                    item = current.get()
+                else:
+                    item = current.poll()
                     if item is Pump.EMPTY:
-                        if not deterministic and any(s is not None and s is not current and s.has_buffered()
-                                                     for s in slots):
-                            # Allowed to reorder: skip a slot that is not ready when another is.
-                            i = (i + 1) % cycle
-                            continue
-                        item = current.get()
-                    taken = 0
-                    while item is not Pump.END:
-                        yield item
-                        taken += 1
-                        if taken >= block:
-                            break
-                        item = current.get()
+                        # Completion order: wait for any open input to have something, then serve it.
+                        with ready:
+                            ready.wait_for(any_ready)
+                        i = next(j for j in itertools.chain(range(i, cycle), range(i)) if slots[j] is not None
+                                 and slots[j].has_buffered())
+                        continue
+                taken = 0
+                while True:
                     if item is Pump.END:
                         current.close()
                         slots[i] = None
+                        fill()
+                        break
+                    yield item
+                    taken += 1
+                    if taken >= block:
+                        break
+                    item = current.get() if deterministic else current.poll()
+                    if item is Pump.EMPTY:
+                        break  # nondeterministic: not ready, so another input's turn
                 i = (i + 1) % cycle
         finally:
             for s in slots:
                 if s is not None:
                     s.close()
+
+    def _opened(self, x: Any, ctx: IteratorContext) -> Iterator:
+        """The input's dataset, opened on the pump's thread: the function runs in parallel too, and
+        its error reaches the consumer at the input's turn."""
+        yield from self._open(x, ctx)
+
+
+def _raising(exc: BaseException) -> Iterator:
+    raise exc
+    yield  # a generator: the pump raises exc when it runs it
 
 
 class PrefetchDataset(_UnaryDataset):
@@ -649,6 +734,10 @@ class ZipDataset(Dataset):
     def _inputs(self) -> tuple[Dataset, ...]:
         return self._datasets
 
+    def _element_spec(self) -> Any:
+        # The zipped structure (tuple, namedtuple, dict) with each dataset's spec in its place.
+        return structure.map_structure(lambda ds: ds.element_spec, self._structure)
+
     def cardinality(self) -> int:
         result = INFINITE_CARDINALITY
         for ds in self._datasets:
@@ -659,8 +748,25 @@ class ZipDataset(Dataset):
                 result = n if result == INFINITE_CARDINALITY else min(result, n)
         return result
 
+    # Splittable when every input is, as in tf.data service's dynamic sharding: the inputs read their
+    # splits in lockstep (split k of the zip is split k of each input), so a zip of inputs that split
+    # alike — features and labels of one length — pairs exactly the elements it pairs locally.
+    def _split_source(self):
+        sources = [ds._split_source() for ds in self._datasets]  # NotSplittableError naming the culprit
+        return sources[0]
+
+    def _num_splits(self) -> int:
+        counts = [ds._num_splits() for ds in self._datasets]
+        finite = [n for n in counts if n != INFINITE_CARDINALITY]
+        return min(finite) if finite else INFINITE_CARDINALITY
+
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        iterators = [ds._iterator(ctx) for ds in self._datasets]
+        if ctx.split_provider is None:
+            iterators = [ds._iterator(ctx) for ds in self._datasets]
+        else:
+            fan_out = _SplitFanOut(ctx.split_provider, len(self._datasets))
+            iterators = [ds._iterator(dataclasses.replace(ctx, split_provider=fan_out.branch(k)))
+                         for k, ds in enumerate(self._datasets)]
         template = self._structure
         for row in zip(*iterators):
             yield structure.pack_as(template, row)
@@ -677,6 +783,11 @@ class ConcatenateDataset(Dataset):
     def _inputs(self) -> tuple[Dataset, ...]:
         return (self._first, self._second)
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.concatenated(self._first.element_spec, self._second.element_spec)
+
     def cardinality(self) -> int:
         a, b = self._first.cardinality(), self._second.cardinality()
         if INFINITE_CARDINALITY in (a, b):
@@ -685,9 +796,87 @@ class ConcatenateDataset(Dataset):
             return UNKNOWN_CARDINALITY
         return a + b
 
+    # Splittable when both inputs are, as in tf.data service's dynamic sharding: the first input's
+    # splits are numbered first, then the second's, so a pass over every split reads all of the first,
+    # then all of the second.
+    def _split_source(self):
+        source = self._first._split_source()
+        self._second._split_source()
+        return source
+
+    def _num_splits(self) -> int:
+        a, b = self._first._num_splits(), self._second._num_splits()
+        return INFINITE_CARDINALITY if INFINITE_CARDINALITY in (a, b) else a + b
+
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        yield from self._first._iterator(ctx)
-        yield from self._second._iterator(ctx)
+        if ctx.split_provider is None:
+            yield from self._first._iterator(ctx)
+            yield from self._second._iterator(ctx)
+            return
+        first = self._first._num_splits()
+        total = self._num_splits()
+        splits = _Peekable(ctx.split_provider)
+        # Each run of the first input's splits, then each run of the second's (renumbered from 0); under
+        # repeat() the numbering goes on into the next epoch, whose first splits are the first input's again.
+        while splits.has_more():
+            for dataset, lo, hi in ((self._first, 0, first), (self._second, first, total)):
+                provider = splits.run(lo, hi, total)
+                yield from dataset._iterator(dataclasses.replace(ctx, split_provider=provider))
+
+
+class _SplitFanOut:
+    """One split provider read by several inputs in lockstep (zip): each branch yields every split
+    index, in order. Thread-safe: an input may read its splits on a prefetch thread."""
+
+    def __init__(self, provider: Iterator[int], branches: int):
+        self._provider = provider
+        self._queues = [deque() for _ in range(branches)]
+        self._lock = threading.Lock()
+
+    def branch(self, k: int) -> Iterator[int]:
+        while True:
+            with self._lock:
+                queue = self._queues[k]
+                if not queue:
+                    try:
+                        index = next(self._provider)
+                    except StopIteration:
+                        return
+                    for other in self._queues:
+                        other.append(index)
+                index = queue.popleft()
+            yield index
+
+
+class _Peekable:
+    """A split provider whose consecutive runs of indices go to different inputs (concatenate)."""
+
+    def __init__(self, provider: Iterator[int]):
+        self._provider = provider
+        self._next: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def has_more(self) -> bool:
+        with self._lock:
+            return self._peek() is not None
+
+    def _peek(self) -> Optional[int]:
+        if self._next is None:
+            self._next = next(self._provider, None)
+        return self._next
+
+    def run(self, lo: int, hi: int, total: int) -> Iterator[int]:
+        """The indices while they fall in [lo, hi) (modulo ``total`` when finite), less ``lo``."""
+        while True:
+            with self._lock:
+                index = self._peek()
+                if index is None:
+                    return
+                local = index % total if total > 0 else index
+                if not lo <= local < hi and not (hi == INFINITE_CARDINALITY and local >= lo):
+                    return
+                self._next = None
+            yield local - lo
 
 
 def shuffle_and_repeat(buffer_size: int, count: Optional[int] = None,

@@ -168,20 +168,54 @@ class DispatcherCore:
 
     # --- datasets -----------------------------------------------------------------
     def register_dataset(self, req: dispatcher_pb2.RegisterDatasetRequest) -> dispatcher_pb2.RegisterDatasetResponse:
+        """The pipeline's numeric id: a new one, or that of the same pipeline (same fingerprint) registered
+        before. With ``dataset_name`` (an id the user chose) the name is bound to the pipeline for good:
+        registering the same pipeline under it again is idempotent, another pipeline AlreadyExistsError."""
         if not req.dataset_def:
             raise errors.InvalidRequestError("RegisterDataset: dataset_def is empty")
         fingerprint = hashlib.sha256(req.dataset_def).hexdigest()
+        name = req.dataset_name
         with self._cond:
             existing = self.state.datasets_by_fingerprint.get(fingerprint)
+            named = self.state.datasets_by_name.get(name) if name else None
+            if named is not None and named != existing:
+                bound = self.state.datasets[named]
+                raise errors.AlreadyExistsError(
+                    f"dataset id {name!r} is already registered, with another pipeline (dataset {named}, fingerprint "
+                    f"{bound.fingerprint[:16]}, {len(bound.dataset_def):,} bytes; this one: fingerprint "
+                    f"{fingerprint[:16]}, {len(req.dataset_def):,} bytes). A dataset id names one pipeline for the "
+                    f"dispatcher's lifetime: register a changed pipeline under a new dataset_id (say, a new version "
+                    f"suffix), or read the registered one with from_dataset_id(..., dataset_id={name!r})")
+            if named is not None:
+                return dispatcher_pb2.RegisterDatasetResponse(dataset_id=named)
             if existing is not None:
+                if name:
+                    # The same pipeline, registered before without this name: one dataset, one more name.
+                    self._commit(state_pb2.Update(name_dataset=state_pb2.NameDatasetUpdate(
+                        dataset_id=existing, dataset_name=name)))
+                    self._event("name_dataset", dataset_id=existing, dataset_name=name)
+                    log.info("dataset %d is also dataset %r", existing, name)
                 return dispatcher_pb2.RegisterDatasetResponse(dataset_id=existing)
             dataset_id = self.state.next_id()
             self._commit(state_pb2.Update(register_dataset=state_pb2.RegisterDatasetUpdate(
                 dataset_id=dataset_id, fingerprint=fingerprint, dataset_def=req.dataset_def,
-                num_splits=req.num_splits)))
-            self._event("register_dataset", dataset_id=dataset_id)
-            log.info("registered dataset %d (%d bytes)", dataset_id, len(req.dataset_def))
+                num_splits=req.num_splits, dataset_name=name)))
+            self._event("register_dataset", dataset_id=dataset_id, dataset_name=name)
+            log.info("registered dataset %d%s (%d bytes)", dataset_id, f" as {name!r}" if name else "",
+                     len(req.dataset_def))
             return dispatcher_pb2.RegisterDatasetResponse(dataset_id=dataset_id)
+
+    def get_dataset_id(self, req: dispatcher_pb2.GetDatasetIdRequest) -> dispatcher_pb2.GetDatasetIdResponse:
+        """The numeric id of the dataset registered under the user-chosen id ``dataset_name``."""
+        with self._cond:
+            dataset_id = self.state.datasets_by_name.get(req.dataset_name)
+            if dataset_id is None:
+                forgets = "" if self.config.fault_tolerant_mode else (
+                    "; this dispatcher runs without fault_tolerant_mode, so a restart forgets every registration")
+                raise errors.NotFoundError(
+                    f"dataset id {req.dataset_name!r} is not registered with this dispatcher: register it first, with "
+                    f"register_dataset(service, dataset, dataset_id={req.dataset_name!r}){forgets}")
+            return dispatcher_pb2.GetDatasetIdResponse(dataset_id=dataset_id)
 
     def get_dataset_def(self, req: dispatcher_pb2.GetDatasetDefRequest) -> dispatcher_pb2.GetDatasetDefResponse:
         with self._cond:
@@ -770,7 +804,8 @@ class DispatcherCore:
                     address=w.address, last_heartbeat_unix=self._worker_seen_unix.get(w.address, 0.0),
                     tasks=unfinished[:limit], num_tasks=len(unfinished)))
             datasets = [dispatcher_pb2.DatasetStatus(dataset_id=d.dataset_id, fingerprint=d.fingerprint,
-                                                     num_splits=d.num_splits, size_bytes=len(d.dataset_def))
+                                                     num_splits=d.num_splits, size_bytes=len(d.dataset_def),
+                                                     dataset_names=d.names[:limit])
                         for d in itertools.islice(reversed(s.datasets.values()), limit)]
             running, finished = [], []
             for job in s.jobs.values():

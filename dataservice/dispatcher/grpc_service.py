@@ -31,6 +31,7 @@ log = logging.getLogger("dataservice.dispatcher")
 _METHODS = {
     "RegisterDataset": "register_dataset",
     "GetDatasetDef": "get_dataset_def",
+    "GetDatasetId": "get_dataset_id",
     "GetOrCreateJob": "get_or_create_job",
     "GetOrCreateIteration": "get_or_create_iteration",
     "ClientHeartbeat": "client_heartbeat",

@@ -20,7 +20,8 @@ Example::
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+import re
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -29,10 +30,21 @@ from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.config import MAX_DATASET_DEF_LIMIT_BYTES, DispatcherConfig
 
 __all__ = ["check_request", "check_get_elements", "MAX_JOB_NAME_CHARS", "MAX_WORKER_UID_CHARS", "MAX_KEY_BYTES",
-           "MAX_TASK_IDS", "MAX_PROGRESS_SPLITS", "MAX_PROGRESS_RANGES", "MAX_REPETITION", "MAX_WAIT_MS"]
+           "MAX_TASK_IDS", "MAX_PROGRESS_SPLITS", "MAX_PROGRESS_RANGES", "MAX_REPETITION", "MAX_WAIT_MS",
+           "MAX_DATASET_NAME_CHARS", "DATASET_NAME_RULE", "dataset_name_problem", "shown_name"]
 
 #: GetOrCreateJob.job_name: a name people choose and read in ``dataservice status``.
 MAX_JOB_NAME_CHARS = 256
+#: RegisterDataset.dataset_name and GetDatasetId.dataset_name: a dataset id people choose
+#: (``register_dataset(..., dataset_id="imagenet-train-v3")``), bounded like a job name.
+MAX_DATASET_NAME_CHARS = 256
+#: What a chosen dataset id may hold, said in every refusal. A restricted set, unlike job names:
+#: ids travel through command lines, environment variables and file names unquoted. All digits is
+#: how the dispatcher's numeric ids are written (``from_dataset_id(..., "42")`` reads dataset 42).
+DATASET_NAME_RULE = (f"1 to {MAX_DATASET_NAME_CHARS} characters among ASCII letters, digits, '.', '_' and '-', "
+                     f"starting with a letter or digit, and not all digits")
+_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DATASET_NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
 #: WorkerHeartbeat.worker_uid: a worker sends a uuid4 in hex (32 characters).
 MAX_WORKER_UID_CHARS = 64
 #: read_key and request_token: keys are 32 bytes (core.READ_KEY_BYTES), tokens 16.
@@ -51,6 +63,34 @@ MAX_WAIT_MS = 3_600_000
 
 _NOT_SPLITTABLE = -2
 _MODES = {state_pb2.PARALLEL_EPOCHS: "PARALLEL_EPOCHS", state_pb2.DISTRIBUTED_EPOCH: "DISTRIBUTED_EPOCH"}
+
+
+def dataset_name_problem(name: str) -> Optional[str]:
+    """What is wrong with ``name`` as a chosen dataset id (see DATASET_NAME_RULE), or None if nothing.
+
+    Example::
+
+        >>> dataset_name_problem("imagenet-train-v3") is None
+        True
+        >>> dataset_name_problem("my data")
+        "holds the character ' '"
+    """
+    if not name:
+        return "is empty"
+    if len(name) > MAX_DATASET_NAME_CHARS:
+        # Checked first: a 10 MB name is refused without a scan.
+        return f"has {len(name):,} characters, more than {MAX_DATASET_NAME_CHARS}"
+    if _DATASET_NAME.fullmatch(name):
+        return "is all digits, the form of the dispatcher's numeric ids" if name.isdigit() else None
+    if not _DATASET_NAME_CHAR.fullmatch(name[0]) or name[0] in "._-":
+        return f"starts with {name[0]!r}"
+    bad = next(c for c in name if not _DATASET_NAME_CHAR.fullmatch(c))
+    return f"holds the character {bad!r}"
+
+
+def shown_name(name: str) -> str:
+    """``name`` quoted for an error message, cut short when long (a refused name may be megabytes)."""
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}..."
 
 
 def check_request(method: str, request, config: DispatcherConfig) -> None:
@@ -84,10 +124,16 @@ def _register_dataset(req: dispatcher_pb2.RegisterDatasetRequest, config: Dispat
             f"most {MAX_DATASET_DEF_LIMIT_BYTES:,}). A pipeline this large usually captures a big array or object: "
             f"read it from a file inside the pipeline instead, or raise the limit")
     _at_least(rpc, "num_splits", req.num_splits, _NOT_SPLITTABLE, "(-1: infinite, -2: not splittable)")
+    if req.dataset_name:  # "": registered without a chosen id
+        _dataset_name(rpc, req.dataset_name)
 
 
 def _get_dataset_def(req: dispatcher_pb2.GetDatasetDefRequest, config: DispatcherConfig) -> None:
     _positive_id("GetDatasetDef", "dataset_id", req.dataset_id)
+
+
+def _get_dataset_id(req: dispatcher_pb2.GetDatasetIdRequest, config: DispatcherConfig) -> None:
+    _dataset_name("GetDatasetId", req.dataset_name)
 
 
 def _get_or_create_job(req: dispatcher_pb2.GetOrCreateJobRequest, config: DispatcherConfig) -> None:
@@ -153,6 +199,7 @@ def _get_status(req: dispatcher_pb2.GetStatusRequest, config: DispatcherConfig) 
 _CHECKS: dict[str, Callable] = {
     "RegisterDataset": _register_dataset,
     "GetDatasetDef": _get_dataset_def,
+    "GetDatasetId": _get_dataset_id,
     "GetOrCreateJob": _get_or_create_job,
     "GetOrCreateIteration": _get_or_create_iteration,
     "ClientHeartbeat": _client_heartbeat,
@@ -197,6 +244,13 @@ def _check_progress(rpc: str, progress) -> None:
             raise errors.InvalidRequestError(
                 f"{rpc}: {where}.ranges[{2 * j}:{2 * j + 2}] is [{starts[j]}, {ends[j]}): a range must have "
                 f"0 <= start < end")
+
+
+def _dataset_name(rpc: str, name: str) -> None:
+    problem = dataset_name_problem(name)
+    if problem is not None:
+        raise errors.InvalidRequestError(f"{rpc}: dataset_name {shown_name(name)} {problem}: a dataset id is "
+                                         f"{DATASET_NAME_RULE}")
 
 
 def _task_ids(rpc: str, field: str, ids) -> None:

@@ -40,6 +40,8 @@ class DatasetInfo:
     fingerprint: str
     dataset_def: bytes
     num_splits: int
+    #: The ids users chose for it (register_dataset(..., dataset_id=...)), in the order given.
+    names: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -115,6 +117,9 @@ class DispatcherState:
     def __init__(self, first_id: int = 1) -> None:
         self.datasets: dict[int, DatasetInfo] = {}
         self.datasets_by_fingerprint: dict[str, int] = {}
+        #: A user-chosen dataset id to the numeric one. Datasets never leave the state, so a name,
+        #: once given, names its dataset for good (across restarts too, in fault-tolerant mode).
+        self.datasets_by_name: dict[str, int] = {}
         self.workers: dict[str, WorkerInfo] = {}
         self.jobs: dict[int, JobInfo] = {}
         self.jobs_by_name: dict[str, int] = {}
@@ -170,9 +175,31 @@ class DispatcherState:
 
     def _apply_register_dataset(self, u: state_pb2.RegisterDatasetUpdate) -> None:
         self._new(self.datasets, u.dataset_id, "dataset", "register_dataset")
+        if u.dataset_name:
+            self._free_name(u.dataset_name, f"register_dataset {u.dataset_id}")
         self.datasets[u.dataset_id] = DatasetInfo(u.dataset_id, u.fingerprint, u.dataset_def, u.num_splits)
         self.datasets_by_fingerprint[u.fingerprint] = u.dataset_id
+        if u.dataset_name:
+            self._bind_name(u.dataset_id, u.dataset_name)
         self._saw_id(u.dataset_id)
+
+    def _apply_name_dataset(self, u: state_pb2.NameDatasetUpdate) -> None:
+        what = f"name_dataset {u.dataset_name!r}"
+        self._need(self.datasets, u.dataset_id, "dataset", what)
+        if not u.dataset_name:
+            raise StateUpdateError(f"name_dataset for dataset {u.dataset_id} has no name")
+        self._free_name(u.dataset_name, what)
+        self._bind_name(u.dataset_id, u.dataset_name)
+
+    def _free_name(self, name: str, update: str) -> None:
+        # A name is never re-bound: readers resolving it must always get the same pipeline.
+        if name in self.datasets_by_name:
+            raise StateUpdateError(f"{update}: the dataset name {name!r} already names dataset "
+                                   f"{self.datasets_by_name[name]}")
+
+    def _bind_name(self, dataset_id: int, name: str) -> None:
+        self.datasets_by_name[name] = dataset_id
+        self.datasets[dataset_id].names.append(name)
 
     def _apply_register_worker(self, u: state_pb2.RegisterWorkerUpdate) -> None:
         if not u.worker_address:
@@ -375,7 +402,9 @@ class DispatcherState:
         for d in self.datasets.values():
             out.append(U(register_dataset=state_pb2.RegisterDatasetUpdate(
                 dataset_id=d.dataset_id, fingerprint=d.fingerprint, dataset_def=d.dataset_def,
-                num_splits=d.num_splits)))
+                num_splits=d.num_splits, dataset_name=d.names[0] if d.names else "")))
+            out.extend(U(name_dataset=state_pb2.NameDatasetUpdate(dataset_id=d.dataset_id, dataset_name=name))
+                       for name in d.names[1:])
         for w in self.workers.values():
             out.append(U(register_worker=state_pb2.RegisterWorkerUpdate(worker_address=w.address, worker_uid=w.uid,
                                                                         data_address=w.data_address)))

@@ -44,6 +44,11 @@ class DispatcherStub:
                 request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefRequest.SerializeToString,
                 response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefResponse.FromString,
                 _registered_method=True)
+        self.GetDatasetId = channel.unary_unary(
+                '/dataservice.Dispatcher/GetDatasetId',
+                request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdRequest.SerializeToString,
+                response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdResponse.FromString,
+                _registered_method=True)
         self.GetOrCreateJob = channel.unary_unary(
                 '/dataservice.Dispatcher/GetOrCreateJob',
                 request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetOrCreateJobRequest.SerializeToString,
@@ -91,6 +96,12 @@ class DispatcherServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetDatasetDef(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDatasetId(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +161,11 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.GetDatasetDef,
                     request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefRequest.FromString,
                     response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefResponse.SerializeToString,
+            ),
+            'GetDatasetId': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDatasetId,
+                    request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdRequest.FromString,
+                    response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdResponse.SerializeToString,
             ),
             'GetOrCreateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetOrCreateJob,
@@ -241,6 +257,33 @@ class Dispatcher:
             '/dataservice.Dispatcher/GetDatasetDef',
             dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefRequest.SerializeToString,
             dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetDefResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDatasetId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.Dispatcher/GetDatasetId',
+            dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdRequest.SerializeToString,
+            dataservice_dot_proto_dot_dispatcher__pb2.GetDatasetIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,7 +124,9 @@ class DispatcherClient:
                 raise errors.ServiceUnavailableError(f"{what}: the client was closed") from None
             raise
 
-    def register_dataset(self, dataset_def: bytes, num_splits: int) -> int:
+    def register_dataset(self, dataset_def: bytes, num_splits: int, dataset_name: str = "") -> int:
+        """The pipeline's numeric id; ``dataset_name`` (a dataset id the user chose; "" none) is bound to it,
+        or AlreadyExistsError if it names another pipeline."""
         if len(dataset_def) > MAX_DATASET_DEF_LIMIT_BYTES:
             # No dispatcher accepts it, and gRPC would refuse to send it with a message naming neither.
             raise errors.InvalidRequestError(
@@ -132,7 +134,12 @@ class DispatcherClient:
                 f"accepts ({MAX_DATASET_DEF_LIMIT_BYTES:,} bytes). A pipeline this large usually captures a big array "
                 f"or object: read it from a file inside the pipeline instead")
         return self._call("RegisterDataset", dispatcher_pb2.RegisterDatasetRequest(
-            dataset_def=dataset_def, num_splits=num_splits)).dataset_id
+            dataset_def=dataset_def, num_splits=num_splits, dataset_name=dataset_name)).dataset_id
+
+    def get_dataset_id(self, dataset_name: str) -> int:
+        """The numeric id of the dataset registered under the user-chosen id ``dataset_name``; NotFoundError
+        if there is none."""
+        return self._call("GetDatasetId", dispatcher_pb2.GetDatasetIdRequest(dataset_name=dataset_name)).dataset_id
 
     def get_dataset_def(self, dataset_id: int) -> bytes:
         """A registered pipeline, for a worker to load: with a token, only from a dispatcher that proved it

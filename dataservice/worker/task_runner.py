@@ -1,10 +1,12 @@
 """One task on a worker: runs the pipeline on a thread into a bounded buffer.
 
 In distributed_epoch the task leases one split at a time from the dispatcher
-(splits are coarse, so this is cheap) and runs the pipeline over that split
-alone; in parallel_epochs it runs the whole pipeline as its one stream. Every
-element is numbered by (stream, split, offset) so that clients can say what
-they hold, and a split redone after a worker loss skips exactly that. Readers
+(splits are coarse, so this is cheap); what the dispatcher calls a split is a
+*split group*, a run of consecutive source splits (``Dataset.split_groups``), and
+the task runs the pipeline over the whole group at once, so that interleave and
+shuffle span its splits. In parallel_epochs it runs the whole pipeline as its one
+stream. Every element is numbered by (stream, split, offset) so that clients can
+say what they hold, and a group redone after a worker loss skips exactly that. Readers
 take elements first come, first served; an exception in the pipeline is kept
 and reported to every reader, and the worker goes on with its other tasks.
 
@@ -140,6 +142,10 @@ class TaskRunner:
     def _produce(self) -> None:
         try:
             if self.task_def.processing_mode == state_pb2.DISTRIBUTED_EPOCH:
+                # The dispatcher hands out groups of splits, as many as the dataset was registered with.
+                # A pipeline that failed to load has no groups: its _root_iterator raises the load error.
+                groups = self._dataset.split_groups(self.task_def.num_splits) \
+                    if isinstance(self._dataset, Dataset) else None
                 request_id = 0
                 while not self._stop.is_set():
                     request_id += 1  # retries inside get_split repeat it: see DispatcherCore.get_split
@@ -152,8 +158,9 @@ class TaskRunner:
                         # long-poll slot free: then wait here, so as not to ask again at once.
                         self._stop.wait(max(0.0, SPLIT_RETRY_S - (time.monotonic() - asked)))
                         continue
-                    self._run_split(0, response.split_index, OffsetSet.from_flat(response.skip_ranges),
-                                    iter((response.split_index,)))
+                    group = response.split_index
+                    self._run_split(0, group, OffsetSet.from_flat(response.skip_ranges),
+                                    iter(groups.splits(group) if groups is not None else (group,)))
             else:
                 self._run_split(self.task_def.stream_id, 0, OffsetSet.from_flat(self.task_def.skip_ranges), None)
         except BaseException as exc:  # reported to readers; the worker carries on
@@ -176,8 +183,10 @@ class TaskRunner:
                 self._cond.notify_all()
 
     def _run_split(self, stream: int, split: int, skip: OffsetSet, provider: Optional[Iterator[int]]) -> None:
-        """Runs the pipeline over one split (distributed_epoch) or the whole dataset (parallel_epochs),
-        numbering elements by offset and leaving out the offsets clients already hold."""
+        """Runs the pipeline over one split group (distributed_epoch; ``split`` is the group's index and
+        ``provider`` yields its source splits) or the whole dataset (parallel_epochs), numbering elements
+        by offset and leaving out the offsets clients already hold. A seeded shuffle keys on the group
+        (``split_hint``), so a group redone elsewhere yields the same elements in the same order."""
         iterator = self._dataset._root_iterator(provider, split_hint=None if provider is None else split)
         offset = 0
         skipping = bool(skip.ranges)

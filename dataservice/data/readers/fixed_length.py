@@ -120,3 +120,8 @@ class FixedLengthRecordDataset(BlockFileSource):
             self._check_body_size(path)
         chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name)
         yield from split_fixed_records(chunks, path, self._record_bytes, self._header_bytes, self._footer_bytes)
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), specs.string)  # a scalar string per record, as tf.data

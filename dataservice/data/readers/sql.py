@@ -109,6 +109,13 @@ class SqlDataset(Dataset):
     def _describe(self) -> str:
         return f"SqlDataset({self._data_source_name!r}, {self._query!r})"
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        # One scalar per column, typed as output_types says (bytes/str columns: string).
+        leaves = tuple(specs.TensorSpec((), t) for t in self._output_types)
+        return leaves[0] if self._single else leaves
+
     def _split_source(self):
         raise NotSplittableError(
             f"{self._describe()} is not splittable: a query's rows cannot be divided into splits. "

@@ -66,3 +66,8 @@ class TextLineDataset(BlockFileSource):
 
     def _read_blocks(self, path: str) -> Iterator[list[bytes]]:
         return split_lines(read_chunks(path, self._compression_type, self._buffer_size, self._op_name))
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), specs.string)  # a scalar string per line, as tf.data

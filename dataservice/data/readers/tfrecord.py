@@ -157,6 +157,11 @@ class TFRecordDataset(BlockFileSource):
         chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name)
         return parse_records(chunks, path)
 
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), specs.string)  # a scalar string per record, as tf.data
+
 
 class TFRecordWriter:
     """Writes records to a TFRecord file, byte-compatible with TensorFlow's writer.
