@@ -22,15 +22,6 @@ from tests.elements import ints
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    test_cluster = TestCluster(num_workers=2)
-    try:
-        yield test_cluster
-    finally:
-        test_cluster.stop()
-
-
 def shared(target: str, name: str, n: int = 20) -> Dataset:
     return Dataset.range(n).apply(distribute("distributed_epoch", target, job_name=name, timeout_ms=20_000))
 
