@@ -45,6 +45,8 @@ from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALIT
                               TFRecordDataset, TFRecordWriter, ThreadingOptions, shuffle_and_repeat)
 
 from dataservice.data.code_shipping import ship_by_reference, ship_by_value
+from dataservice.data.saved import load, save
+from dataservice.data.snapshots import snapshot
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.config import DispatcherConfig, WorkerConfig
 from dataservice.worker.server import WorkerServer
@@ -72,8 +74,11 @@ __all__ = [
     "distribute",
     "errors",
     "from_dataset_id",
+    "load",
     "register_dataset",
+    "save",
     "ship_by_reference",
     "ship_by_value",
     "shuffle_and_repeat",
+    "snapshot",
 ]

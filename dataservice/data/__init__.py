@@ -11,7 +11,9 @@ from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, 
 from dataservice.data.options import AUTOTUNE, Options, ThreadingOptions
 from dataservice.data.readers import (FixedLengthRecordDataset, SqlDataset, TextLineDataset, TFRecordDataset,
                                       TFRecordWriter)
+from dataservice.data.saved import load, save
 from dataservice.data.serialization import dataset_fingerprint, deserialize_dataset, serialize_dataset
+from dataservice.data.snapshots import snapshot
 from dataservice.data.specs import TensorSpec
 from dataservice.data.transformations import shuffle_and_repeat
 
@@ -30,6 +32,9 @@ __all__ = [
     "UNKNOWN_CARDINALITY",
     "dataset_fingerprint",
     "deserialize_dataset",
+    "load",
+    "save",
     "serialize_dataset",
     "shuffle_and_repeat",
+    "snapshot",
 ]

@@ -293,6 +293,19 @@ class Dataset:
         return sources.ListFilesDataset(file_pattern, shuffle=shuffle, seed=seed)
 
     @staticmethod
+    def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,
+             reader_func: Optional[Callable[["Dataset"], "Dataset"]] = None) -> "Dataset":
+        """The dataset ``save`` wrote under ``path``; see ``dataservice.data.saved.load``.
+
+        Example::
+
+            >>> ds = Dataset.load("/tmp/saved")  # knows its cardinality and element_spec; splittable
+        """
+        from dataservice.data import saved
+
+        return saved.load(path, element_spec=element_spec, compression=compression, reader_func=reader_func)
+
+    @staticmethod
     def zip(*datasets: Any) -> "Dataset":
         """Zips datasets (or a nested tuple/dict of them); stops at the shortest."""
         from dataservice.data import transformations as t
@@ -406,6 +419,19 @@ class Dataset:
         from dataservice.data import cache
 
         return cache.CacheDataset(self, filename)
+
+    def save(self, path: Any, compression: Optional[str] = None,
+             shard_func: Optional[Callable[..., int]] = None) -> None:
+        """Runs the pipeline once and writes its elements under ``path``, atomically; see
+        ``dataservice.data.saved.save``.
+
+        Example::
+
+            >>> Dataset.range(10).map(lambda x: x * 2).save("/tmp/saved", compression="GZIP")
+        """
+        from dataservice.data import saved
+
+        saved.save(self, path, compression=compression, shard_func=shard_func)
 
     def unique(self) -> "Dataset":
         from dataservice.data import transformations as t

@@ -1,0 +1,464 @@
+"""``Dataset.save`` and ``Dataset.load``: a dataset's elements written to a directory, read back
+without the pipeline that made them (tf.data's ``save`` / ``load``).
+
+``save`` runs the pipeline once and writes its elements into chunk files (the format is in
+``dataservice.data.save_format``), each shard's chunks written by a thread of its own; the
+metadata file, written last and atomically, makes the save complete. Chunk files carry a run id
+in their names, so saving again into the same directory never touches the chunks the previous
+metadata lists: until the new save commits, ``load`` reads the previous one, whole, and a save
+that fails or is killed midway leaves no metadata naming its chunks. After its commit a save
+removes the files earlier saves left in the directory.
+
+``load`` reads the metadata (element structure, cardinality, compression) and returns a
+splittable source, one split per chunk, so a loaded dataset runs in ``distributed_epoch``; the
+workers need the directory at the same path (a shared file system).
+
+Example::
+
+    >>> Dataset.range(5).map(lambda x: x * 2).save("/tmp/saved", compression="GZIP")
+    >>> ds = Dataset.load("/tmp/saved")
+    >>> ds.cardinality(), ds.element_spec, [int(x) for x in ds]
+    (5, TensorSpec(shape=(), dtype=int64, name=None), [0, 2, 4, 6, 8])
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import queue
+import re
+import threading
+import uuid
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from dataservice.data import save_format, structure
+from dataservice.data.dataset import INFINITE_CARDINALITY, Dataset, _function_name
+from dataservice.data.options import default_parallelism
+from dataservice.data.sources import SplittableSource
+
+__all__ = ["save", "load", "SavedDataset", "ShardDatasets", "CHUNK_BYTES", "DEFAULT_MAX_SHARDS"]
+
+#: A shard starts a new chunk file once its current one holds this many bytes: chunks are the
+#: splits of ``distributed_epoch``, so not too large, and each costs an fsync, so not too small.
+CHUNK_BYTES = 64 << 20
+#: Without ``shard_func``, elements go round robin to this many shards (fewer on fewer cores).
+DEFAULT_MAX_SHARDS = 4
+#: Elements handed to a shard's writer thread at a time (fewer when they are large) ...
+_BATCH_ELEMENTS = 1024
+#: ... or this many bytes of arrays.
+_BATCH_BYTES = 4 << 20
+#: Batches waiting per writer thread: bounds the memory a slow disk makes the pipeline hold.
+_QUEUE_BATCHES = 2
+_CHUNK_NAME = re.compile(r"^chunk-([0-9a-f]{12})-(\d+)-(\d+)\.tfrecord(\.tmp-.*)?$")
+
+
+def _chunk_name(run: str, shard: int, seq: int) -> str:
+    return f"chunk-{run}-{shard:05d}-{seq:05d}.tfrecord"
+
+
+def _nbytes(element: Any) -> int:
+    if isinstance(element, np.ndarray):
+        return element.nbytes
+    if isinstance(element, tuple):
+        return sum(_nbytes(e) for e in element)
+    if isinstance(element, dict):
+        return sum(_nbytes(e) for e in element.values())
+    return 0
+
+
+class _ShardWriters:
+    """One writer thread's shards: each a sequence of chunk files, rolled over at CHUNK_BYTES."""
+
+    def __init__(self, directory: str, run: str, codec: Optional[str]):
+        self.directory = directory
+        self.run = run
+        self.codec = codec
+        self.open: dict[int, save_format.ChunkWriter] = {}
+        self.next_seq: dict[int, int] = {}
+        self.committed: list[dict] = []
+        self.queue: queue.Queue = queue.Queue(maxsize=_QUEUE_BATCHES)
+        self.error: Optional[BaseException] = None
+
+    def write(self, shard: int, elements: list) -> None:
+        writer = self.open.get(shard)
+        for element in elements:
+            if writer is None:
+                seq = self.next_seq.get(shard, 0)
+                self.next_seq[shard] = seq + 1
+                path = os.path.join(self.directory, _chunk_name(self.run, shard, seq))
+                writer = self.open[shard] = save_format.ChunkWriter(path, self.codec)
+            writer.write(element)
+            if writer.bytes_written >= CHUNK_BYTES:
+                self._commit(shard)
+                writer = None
+
+    def _commit(self, shard: int) -> None:
+        writer = self.open.pop(shard)
+        writer.commit()
+        self.committed.append({"file": os.path.basename(writer.path), "shard": shard,
+                               "num_elements": writer.num_elements, "bytes": writer.bytes_written})
+
+    def commit_all(self) -> None:
+        for shard in list(self.open):
+            self._commit(shard)
+
+    def abort_all(self) -> None:
+        for writer in self.open.values():
+            writer.abort()
+        self.open.clear()
+
+    def run_thread(self) -> None:
+        try:
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    if self.error is None:
+                        self.commit_all()
+                    else:  # the saving thread stopped: nothing of this run is committed any more
+                        self.abort_all()
+                    return
+                if self.error is None:
+                    self.write(*item)
+        except BaseException as exc:  # handed to the saving thread, which raises it
+            self.error = exc
+            self.abort_all()
+            # Keep draining, so the saving thread never blocks on a full queue.
+            while self.queue.get() is not None:
+                pass
+
+
+def _shard_of(shard_func: Callable, element: Any) -> int:
+    from dataservice.data.transformations import raise_user_error
+
+    where = f"save(shard_func={_function_name(shard_func)})"
+    try:
+        shard = shard_func(*element) if type(element) is tuple else shard_func(element)
+    except Exception as exc:
+        raise_user_error(exc, where)
+    try:
+        shard = operator.index(shard.item() if isinstance(shard, np.ndarray) and shard.ndim == 0 else shard)
+    except TypeError:
+        raise TypeError(f"{where} must return an int shard index, got {shard!r}") from None
+    if shard < 0:
+        raise ValueError(f"{where} must return a shard index >= 0, got {shard}")
+    return shard
+
+
+def save(dataset: Dataset, path: Any, compression: Optional[str] = None,
+         shard_func: Optional[Callable[..., int]] = None) -> None:
+    """Runs ``dataset`` once and writes its elements under the directory ``path`` (created if need
+    be), as tf.data's ``Dataset.save``.
+
+    ``compression``: None, "AUTO" (LZ4), "GZIP", "ZLIB", "LZ4" or "ZSTD". ``shard_func(element)``
+    (a tuple element is unpacked into its arguments) returns the shard index, an int >= 0, of each
+    element; each shard is a sequence of chunk files. Without it, elements go round robin to a few
+    shards (up to ``DEFAULT_MAX_SHARDS``, one per core), written in parallel, and ``load`` gives them
+    back in their order. The save is atomic: complete when this returns, absent if it raises.
+
+    Example::
+
+        >>> Dataset.range(100).enumerate().save("/tmp/s", shard_func=lambda i, x: i % 2)
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"save expects a Dataset, got {type(dataset).__name__}")
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str path, got {path!r}")
+    if shard_func is not None and not callable(shard_func):
+        raise TypeError(f"shard_func must be callable, got {shard_func!r}")
+    directory = os.path.abspath(os.fsdecode(path))
+    codec = save_format.resolve_compression(compression)
+    if dataset.cardinality() == INFINITE_CARDINALITY:
+        raise ValueError(f"save: {dataset._describe()} is infinite; take() a finite part to save it")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(20, "save: path exists and is not a directory", directory)
+    os.makedirs(directory, exist_ok=True)
+
+    from dataservice.data import specs
+
+    spec, _ = specs.static_element_spec(dataset)
+    run = uuid.uuid4().hex[:12]
+    num_threads = max(1, min(DEFAULT_MAX_SHARDS, default_parallelism()))
+    round_robin = shard_func is None
+    threads_shards = [_ShardWriters(directory, run, codec) for _ in range(num_threads)]
+    threads = [threading.Thread(target=w.run_thread, name=f"dataservice-save-{i}", daemon=True)
+               for i, w in enumerate(threads_shards)]
+    for t in threads:
+        t.start()
+    pending: dict[int, list] = {}
+    pending_bytes: dict[int, int] = {}
+    total_bytes = 0  # of all pending batches: many shards must not hold many batches' arrays
+    num_elements = 0
+    first = None
+    ok = False
+
+    def hand_over(shard: int) -> int:
+        owner = threads_shards[shard % num_threads]
+        if owner.error is not None:
+            raise owner.error
+        owner.queue.put((shard, pending.pop(shard)))
+        return pending_bytes.pop(shard, 0)
+
+    try:
+        for element in dataset:
+            if num_elements == 0:
+                first = element
+            shard = num_elements % num_threads if round_robin else _shard_of(shard_func, element)
+            num_elements += 1
+            batch = pending.get(shard)
+            if batch is None:
+                batch = pending[shard] = []
+            batch.append(element)
+            size = _nbytes(element)
+            if size:
+                pending_bytes[shard] = pending_bytes.get(shard, 0) + size
+                total_bytes += size
+            if len(batch) >= _BATCH_ELEMENTS or pending_bytes.get(shard, 0) >= _BATCH_BYTES:
+                total_bytes -= hand_over(shard)
+            elif total_bytes >= _BATCH_BYTES * num_threads:
+                for other in list(pending):
+                    hand_over(other)
+                total_bytes = 0
+        for shard in list(pending):
+            hand_over(shard)
+        ok = True
+    finally:
+        for w in threads_shards:
+            if not ok and w.error is None:
+                w.error = RuntimeError("save stopped")  # the writers abort instead of committing
+            w.queue.put(None)
+        for t in threads:
+            t.join()
+    errors = [w.error for w in threads_shards if w.error is not None]
+    if errors:
+        raise errors[0]
+
+    if spec is None:
+        # Not known without an element: the first one tells, as element_spec would have (relaxed).
+        spec = specs.relaxed(specs.spec_from_value(first)) if num_elements else None
+    chunks = sorted((c for w in threads_shards for c in w.committed),
+                    key=lambda c: (c["shard"], int(_CHUNK_NAME.match(c["file"]).group(3))))
+    shards = sorted({c["shard"] for c in chunks})
+    save_format.write_metadata(directory, {
+        "element_spec": spec,
+        "compression": codec,
+        "cardinality": num_elements,
+        "num_elements": num_elements,
+        "num_shards": len(shards),
+        "shards": shards,
+        "sharding": "round_robin" if round_robin else "shard_func",
+        "run": run,
+        "chunks": chunks,
+        "pipeline": dataset._describe(),
+    })
+    _remove_stale_files(directory, run)
+
+
+def _remove_stale_files(directory: str, run: str) -> None:
+    """Removes the chunk files (committed or not) of earlier saves into ``directory``."""
+    for name in os.listdir(directory):
+        match = _CHUNK_NAME.match(name)
+        if match and match.group(1) != run:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+# --- load ------------------------------------------------------------------------------------------
+
+def _complete_metadata(directory: str) -> dict:
+    """The metadata of the complete save in ``directory``; a clear error when there is none.
+
+    Where ``load(path, wait=True)`` (reading a ``distributed_save`` while it is written) hooks in: it
+    will wait here for the save's DONE marker, and read committed chunks as they appear, instead of
+    refusing a directory whose metadata is missing.
+    """
+    metadata = save_format.read_metadata(directory)
+    for key in ("chunks", "num_elements", "compression"):
+        if key not in metadata:
+            raise ValueError(f"{os.path.join(directory, save_format.METADATA_FILE)} has no {key!r}: "
+                             "it is not the metadata of a Dataset.save")
+    for chunk in metadata["chunks"]:
+        if not os.path.exists(os.path.join(directory, chunk["file"])):
+            raise FileNotFoundError(2, "load: a chunk file the metadata lists is missing (was the save "
+                                       "directory changed after the save?)", os.path.join(directory, chunk["file"]))
+    return metadata
+
+
+def _check_compression(directory: str, saved: Optional[str], asked: Optional[str]) -> None:
+    if asked is None:
+        return  # read as written: the metadata says how
+    codec = save_format.resolve_compression(asked)
+    if codec != saved:
+        raise ValueError(f"load: {directory} was saved with compression {saved!r}, but compression={asked!r} "
+                         f"was asked for; pass compression={saved!r}, or None to read it as it was written")
+
+
+def _check_spec(directory: str, saved: Any, given: Any) -> Any:
+    from dataservice.data import specs
+
+    given = specs.as_structure(given, "element_spec")
+    if saved is None:
+        return given
+    try:
+        structure.assert_same_structure(saved, given, "the saved and the given element_spec")
+        compatible = all(s.is_compatible_with(g) for s, g in zip(structure.flatten(saved), structure.flatten(given)))
+    except TypeError:
+        compatible = False
+    if not compatible:
+        raise ValueError(f"load: element_spec={given!r} does not match the saved elements of {directory}, "
+                         f"which are {saved!r}")
+    return given
+
+
+class SavedDataset(SplittableSource):
+    """The elements of a saved dataset; one split per chunk file.
+
+    Iterated whole, the shards are read round robin, one element of each in turn: a save without
+    ``shard_func`` comes back in its original order.
+    """
+
+    _op_name = "Dataset.load"
+
+    def __init__(self, directory: str, metadata: dict, element_spec: Any = None):
+        self._directory = directory
+        self._codec = metadata["compression"]
+        self._chunks = [(os.path.join(directory, c["file"]), int(c["shard"]), int(c["num_elements"]))
+                        for c in metadata["chunks"]]
+        self._num_elements = int(metadata["num_elements"])
+        self._spec = element_spec if element_spec is not None else metadata.get("element_spec")
+
+    def _describe(self) -> str:
+        return f"Dataset.load({self._directory!r})"
+
+    def cardinality(self) -> int:
+        return self._num_elements
+
+    def _element_spec(self) -> Any:
+        if self._spec is None:
+            raise ValueError(f"{self._describe()}: the saved dataset is empty and its pipeline's element_spec "
+                             "was not known without an element; pass element_spec= to load")
+        return self._spec
+
+    def num_source_splits(self) -> int:
+        return len(self._chunks)
+
+    def read_split(self, index: int) -> Iterator:
+        return save_format.read_chunk(self._chunks[index][0], self._codec)
+
+    def shard_chunks(self) -> dict[int, list[int]]:
+        """Each shard's chunk indices (splits), in order."""
+        shards: dict[int, list[int]] = {}
+        for i, (_, shard, _) in enumerate(self._chunks):
+            shards.setdefault(shard, []).append(i)
+        return shards
+
+    def read_shard(self, shard: int) -> Iterator:
+        """The elements of one shard, in the order it was written."""
+        for index in self.shard_chunks().get(shard, []):
+            yield from self.read_split(index)
+
+    def _read_all(self) -> Iterator:
+        iterators = [itertools.chain.from_iterable(self.read_split(i) for i in indices)
+                     for indices in self.shard_chunks().values()]
+        if len(iterators) == 1:
+            yield from iterators[0]
+            return
+        while iterators:
+            alive = []
+            for it in iterators:
+                for element in it:
+                    alive.append(it)
+                    yield element
+                    break
+            iterators = alive
+
+
+class _ShardDataset(Dataset):
+    """One shard of a saved dataset (an element of ``ShardDatasets``)."""
+
+    _op_name = "Dataset.load shard"
+
+    def __init__(self, saved: SavedDataset, shard: int):
+        self._saved = saved
+        self._shard = shard
+
+    def _describe(self) -> str:
+        return f"shard {self._shard} of {self._saved._describe()}"
+
+    def cardinality(self) -> int:
+        return sum(n for _, shard, n in self._saved._chunks if shard == self._shard)
+
+    def _element_spec(self) -> Any:
+        return self._saved._element_spec()
+
+    def _iterator(self, ctx: Any) -> Iterator:
+        return self._saved.read_shard(self._shard)
+
+
+class ShardDatasets(SplittableSource):
+    """What ``load``'s ``reader_func`` receives: a dataset whose elements are the saved shards, each a
+    Dataset; one split per shard.
+
+    Example::
+
+        >>> load("/tmp/s", reader_func=lambda shards: shards.shuffle(4).interleave(lambda x: x))
+    """
+
+    _op_name = "Dataset.load shards"
+
+    def __init__(self, saved: SavedDataset):
+        self._saved = saved
+        self._shards = sorted(saved.shard_chunks())
+
+    def _describe(self) -> str:
+        return f"the shards of {self._saved._describe()}"
+
+    def cardinality(self) -> int:
+        return len(self._shards)
+
+    def _element_spec(self) -> Any:
+        from dataservice.data import specs
+
+        return specs.TensorSpec((), object)  # each element is a Dataset
+
+    def num_source_splits(self) -> int:
+        return len(self._shards)
+
+    def read_split(self, index: int) -> Iterator:
+        return iter((_ShardDataset(self._saved, self._shards[index]),))
+
+
+def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,
+         reader_func: Optional[Callable[[Dataset], Dataset]] = None) -> Dataset:
+    """The dataset saved under ``path`` by ``save``, as tf.data's ``Dataset.load``; no pipeline code
+    is needed. It knows its ``cardinality()`` and ``element_spec``, and is splittable (one split per
+    chunk) for ``distributed_epoch``.
+
+    ``compression``: None reads as the save was written (the metadata says how); any other value must
+    match it, else ValueError. ``element_spec``: checked against the saved one. ``reader_func``
+    receives a Dataset of the shards (each a Dataset) and returns the dataset to read, as in tf.data.
+
+    Example::
+
+        >>> ds = load("/tmp/s", reader_func=lambda shards: shards.interleave(lambda x: x, cycle_length=2))
+    """
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str path, got {path!r}")
+    if reader_func is not None and not callable(reader_func):
+        raise TypeError(f"reader_func must be callable, got {reader_func!r}")
+    directory = os.path.abspath(os.fsdecode(path))
+    metadata = _complete_metadata(directory)
+    _check_compression(directory, metadata["compression"], compression)
+    spec = None if element_spec is None else _check_spec(directory, metadata.get("element_spec"), element_spec)
+    saved = SavedDataset(directory, metadata, spec)
+    if reader_func is None:
+        return saved
+    result = reader_func(ShardDatasets(saved))
+    if not isinstance(result, Dataset):
+        raise TypeError(f"load: reader_func {_function_name(reader_func)} must return a Dataset, "
+                        f"got {type(result).__name__}")
+    return result
