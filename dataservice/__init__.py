@@ -40,6 +40,7 @@ _quiet_grpc_core()
 
 from dataservice import errors
 from dataservice.client.distribute import ShardingPolicy, distribute, from_dataset_id, register_dataset
+from dataservice.client.distributed_save import distributed_save
 from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
                               FixedLengthRecordDataset, Options, SqlDataset, TensorSpec, TextLineDataset,
                               TFRecordDataset, TFRecordWriter, ThreadingOptions, shuffle_and_repeat)
@@ -72,6 +73,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "distributed_save",
     "errors",
     "from_dataset_id",
     "load",

@@ -297,6 +297,23 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default: {STATUS_TIMEOUT_MS})")
     status.set_defaults(_parser=status)
 
+    save_status = commands.add_parser(
+        "save-status", help="show a distributed_save's progress",
+        description="Show a distributed_save's progress: chunks committed, elements, done or error. From the "
+                    "dispatcher with --dispatcher, else from the save's directory alone.")
+    save_status.add_argument("path", metavar="PATH", help="the directory the save writes")
+    save_status.add_argument("--dispatcher", type=_dispatcher_address, default=None, metavar="HOST:PORT",
+                             help="ask this dispatcher (default: read the directory)")
+    _add_auth_token_file(save_status)
+    _add_client_tls_flags(save_status)
+    save_status.add_argument("--wait", action="store_true",
+                             help="wait until the save is done (exit 0) or failed (exit 1), showing a progress bar")
+    save_status.add_argument("--json", action="store_true", help="print the progress as JSON")
+    save_status.add_argument("--timeout-ms", type=_positive_ms, metavar="N", default=STATUS_TIMEOUT_MS,
+                             help=f"give up on an unreachable dispatcher after this long "
+                                  f"(default: {STATUS_TIMEOUT_MS})")
+    save_status.set_defaults(_parser=save_status)
+
     local = commands.add_parser(
         "local", help="run a dispatcher and N workers in this process",
         description="Run a dispatcher and N workers in one process: a whole cluster for development and tests.")
@@ -684,7 +701,55 @@ def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
-_COMMANDS = {"dispatcher": _run_dispatcher, "worker": _run_worker, "status": _run_status, "local": _run_local}
+#: How often ``save-status --wait`` polls.
+SAVE_STATUS_POLL_S = 0.5
+
+
+def _run_save_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.client.save_status import format_progress, progress_bar, save_progress
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    client = None
+    if args.dispatcher is not None:
+        try:
+            auth = ClusterAuth.resolve(_auth_token(args))
+            tls = TlsSettings.resolve(args.tls_ca, args.tls_cert, args.tls_key)
+        except ValueError as exc:
+            parser.error(str(exc))
+        client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
+    bar = args.wait and not args.json and sys.stderr.isatty()
+    try:
+        while True:
+            try:
+                progress = save_progress(args.path, client, timeout_s=args.timeout_ms / 1000)
+            except FileNotFoundError as exc:
+                print(f"dataservice save-status: error: {args.path}: {exc.strerror}", file=sys.stderr, flush=True)
+                return EXIT_USAGE
+            except errors.DataServiceError as exc:
+                print(f"dataservice save-status: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+                return EXIT_USAGE if isinstance(exc, errors.ServiceUnavailableError) else EXIT_FAILURE
+            if not args.wait or progress["state"] != "running":
+                break
+            if bar:
+                sys.stderr.write("\r" + progress_bar(progress))
+                sys.stderr.flush()
+            time.sleep(SAVE_STATUS_POLL_S)
+    finally:
+        if client is not None:
+            client.close()
+    if bar:
+        sys.stderr.write("\r" + progress_bar(progress) + "\n")
+    if args.json:
+        json.dump(progress, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        format_progress(progress, sys.stdout)
+    sys.stdout.flush()
+    return EXIT_FAILURE if progress["state"] == "error" else 0
+
+
+_COMMANDS = {"dispatcher": _run_dispatcher, "worker": _run_worker, "status": _run_status, "local": _run_local,
+             "save-status": _run_save_status}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

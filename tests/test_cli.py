@@ -57,6 +57,7 @@ FLAGS = {
                "--dispatcher-timeout-ms", "--log-level"],
     "status": ["--dispatcher", "--json", "--timeout-ms"],
     "local": ["--workers", "--port", "--work-dir", "--fault-tolerant", "--log-level"],
+    "save-status": ["--dispatcher", "--wait", "--json", "--timeout-ms"],
 }
 
 

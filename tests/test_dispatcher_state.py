@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dataservice import errors
+from dataservice.dispatcher import saves
 from dataservice.dispatcher.core import INFINITE, NOT_SPLITTABLE, DispatcherCore
 from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.proto import dispatcher_pb2 as pb
@@ -465,7 +466,7 @@ def test_a_task_of_an_iteration_that_finished_before_its_worker_heard_of_it_stil
 
 # --- replay ----------------------------------------------------------------------------------
 
-def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
+def test_replaying_the_updates_rebuilds_the_same_state(core, clock, tmp_path):
     recorder = Recorder(core)
     heartbeat(core, "w1:1", uid="a")
     heartbeat(core, "w2:1", uid="b")
@@ -496,8 +497,23 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock):
             heartbeat(core, worker, uid=core.state.workers[worker].uid, current=[t], finished=[t])
         core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=other.client_id,
                                                                        read_key=other.read_key))
+    # distributed_save: groups leased, one committed, the rest released when the workers go silent
+    # (below); a second save fails.
+    path = str(tmp_path / "save")
+    save_id = core.distributed_save(pb.DistributedSaveRequest(dataset_id=a, path=path, compression="LZ4")).save_id
+    first = core.lease_save_group(pb.LeaseSaveGroupRequest(save_id=save_id, worker_address="w1:1"))
+    core.lease_save_group(pb.LeaseSaveGroupRequest(save_id=save_id, worker_address="w2:1"))
+    open(saves.uncommitted_path(path, first.group, first.attempt), "wb").close()
+    assert core.report_save_chunk(pb.ReportSaveChunkRequest(save_id=save_id, worker_address="w1:1", group=first.group,
+                                                            attempt=first.attempt, num_elements=0)).committed
+    failing = core.distributed_save(pb.DistributedSaveRequest(dataset_id=b, path=str(tmp_path / "failing"))).save_id
+    lease = core.lease_save_group(pb.LeaseSaveGroupRequest(save_id=failing, worker_address="w1:1"))
+    core.report_save_chunk(pb.ReportSaveChunkRequest(save_id=failing, worker_address="w1:1", group=lease.group,
+                                                     attempt=lease.attempt, error="ValueError: no"))
+    assert core.state.saves[failing].error.endswith("ValueError: no")
     clock.advance(100)
     core.collect_garbage()
+    assert not core.state.saves[save_id].leases, "the silent workers' leases went back to the pool"
     heartbeat(core, "w9:1", uid="gone")  # a worker that came and went, given no task
     clock.advance(100)
     core.collect_garbage()

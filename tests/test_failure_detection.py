@@ -51,6 +51,14 @@ def test_a_killed_workers_splits_are_redone_within_worker_timeout_with_default_s
         convert=lambda e: (int(e[0]), int(e[1]), time.monotonic()))
     reader.wait_for(N // 4, 60)
     victim = workers[0].proc.popen.pid
+    size = split_size_for(N)
+
+    def victim_mid_split() -> bool:
+        # The victim's latest element delivered is mid-way through its split: the rest of that split
+        # (more than max_outstanding_requests elements) cannot have arrived, so it is surely redone.
+        latest = next((value for value, pid, _ in reversed(reader.items[-200:]) if pid == victim), None)
+        return latest is not None and size // 4 <= latest % size < 3 * size // 4
+    wait_until(victim_mid_split, 60, "the killed worker to be mid-way through a split")
     workers[0].proc.kill9()
     killed_at = time.monotonic()
     assert reader.count < N, "the read ended before the kill"
@@ -60,7 +68,6 @@ def test_a_killed_workers_splits_are_redone_within_worker_timeout_with_default_s
     counts = collections.Counter(value for value, _, _ in items)
     assert counts == {i: 1 for i in range(N)}, "an element was lost or repeated"
     # The splits the victim had delivered part of, and the other worker finished: redone ones.
-    size = split_size_for(N)
     by_split: dict[int, set] = collections.defaultdict(set)
     for value, pid, _ in items:
         by_split[value // size].add(pid)

@@ -8,7 +8,7 @@ PUBLIC = {
     "Options", "ShardingPolicy", "SqlDataset", "TFRecordDataset", "TFRecordWriter", "TensorSpec", "TextLineDataset",
     "ThreadingOptions", "UNKNOWN_CARDINALITY", "WorkerConfig", "WorkerServer", "distribute", "errors",
     "from_dataset_id", "register_dataset", "ship_by_reference", "ship_by_value", "shuffle_and_repeat",
-    "snapshot", "save", "load",
+    "snapshot", "save", "load", "distributed_save",
 }
 
 

@@ -29,17 +29,19 @@ import os
 import queue
 import re
 import threading
+import time
 import uuid
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from dataservice import errors
 from dataservice.data import save_format, structure
 from dataservice.data.dataset import INFINITE_CARDINALITY, Dataset, _function_name
 from dataservice.data.options import default_parallelism
 from dataservice.data.sources import SplittableSource
 
-__all__ = ["save", "load", "SavedDataset", "ShardDatasets", "CHUNK_BYTES", "DEFAULT_MAX_SHARDS"]
+__all__ = ["save", "load", "SavedDataset", "ShardDatasets", "GrowingSave", "CHUNK_BYTES", "DEFAULT_MAX_SHARDS"]
 
 #: A shard starts a new chunk file once its current one holds this many bytes: chunks are the
 #: splits of ``distributed_epoch``, so not too large, and each costs an fsync, so not too small.
@@ -276,6 +278,13 @@ def _complete_metadata(directory: str) -> dict:
     will wait here for the save's DONE marker, and read committed chunks as they appear, instead of
     refusing a directory whose metadata is missing.
     """
+    error = _save_error(directory)
+    if error is not None:
+        raise errors.PipelineError(f"load: the distributed_save into {directory} failed: {error}")
+    if not os.path.exists(os.path.join(directory, save_format.METADATA_FILE)) and \
+            os.path.exists(os.path.join(directory, _SAVE_FILE)):
+        raise FileNotFoundError(2, "load: the distributed_save into this directory is not done yet: pass wait=True "
+                                   "to read its chunks as they are written", directory)
     metadata = save_format.read_metadata(directory)
     for key in ("chunks", "num_elements", "compression"):
         if key not in metadata:
@@ -432,12 +441,90 @@ class ShardDatasets(SplittableSource):
         return iter((_ShardDataset(self._saved, self._shards[index]),))
 
 
+# --- reading a distributed_save while it is written -------------------------------------------------
+# The files of dataservice.dispatcher.saves (not imported: loading needs no dispatcher code).
+_SAVE_FILE = "save.json"
+_DONE_FILE = "DONE"
+_ERROR_FILE = "ERROR"
+_COMMITTED = re.compile(r"^chunk_(\d+)$")
+#: How often load(wait=True) looks for new chunks, at most.
+WAIT_POLL_S = 0.05
+
+
+def _save_error(directory: str) -> Optional[str]:
+    try:
+        with open(os.path.join(directory, _ERROR_FILE), "rb") as f:
+            return f.read().decode("utf-8", "replace") or "(no reason given)"
+    except FileNotFoundError:
+        return None
+
+
+def _read_save_record(directory: str) -> Optional[dict]:
+    """The save.json of a distributed_save in ``directory``; None if it is none."""
+    import json
+
+    try:
+        with open(os.path.join(directory, _SAVE_FILE), "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+class GrowingSave(Dataset):
+    """``load(path, wait=True)`` of a ``distributed_save`` not done yet: each committed chunk is read once,
+    as it appears, until DONE (then any left); ERROR raises its reason. Chunks come in the order they are
+    committed, so elements too: every element exactly once, in no fixed order."""
+
+    _op_name = "Dataset.load(wait=True)"
+
+    def __init__(self, directory: str, record: dict, element_spec: Any = None):
+        self._directory = directory
+        self._codec = record.get("compression")
+        self._spec = element_spec
+        if self._spec is None and record.get("element_spec"):
+            from dataservice.data import specs
+            from dataservice.proto import pipeline_pb2
+
+            self._spec = specs.decode(pipeline_pb2.ElementSpecDef.FromString(bytes.fromhex(record["element_spec"])))
+
+    def _describe(self) -> str:
+        return f"Dataset.load({self._directory!r}, wait=True)"
+
+    def _element_spec(self) -> Any:
+        if self._spec is None:
+            if os.path.exists(os.path.join(self._directory, _DONE_FILE)):
+                return save_format.read_metadata(self._directory).get("element_spec")
+            raise ValueError(f"{self._describe()}: the element_spec of the pipeline being saved is not known "
+                             "without an element; pass element_spec= to load, or wait for the save to finish")
+        return self._spec
+
+    def _iterator(self, ctx: Any) -> Iterator:
+        chunks_dir = os.path.join(self._directory, "chunks")
+        read: set = set()
+        while True:
+            error = _save_error(self._directory)
+            if error is not None:
+                raise errors.PipelineError(f"the distributed_save into {self._directory} failed: {error}")
+            # DONE is written after every commit: chunks listed after seeing it are all there are.
+            done = os.path.exists(os.path.join(self._directory, _DONE_FILE))
+            fresh = sorted(int(m.group(1)) for m in map(_COMMITTED.match, os.listdir(chunks_dir))
+                           if m and int(m.group(1)) not in read)
+            for group in fresh:
+                yield from save_format.read_chunk(os.path.join(chunks_dir, f"chunk_{group}"), self._codec)
+                read.add(group)
+            if done:
+                return
+            if not fresh:
+                time.sleep(WAIT_POLL_S)
+
+
 def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,
-         reader_func: Optional[Callable[[Dataset], Dataset]] = None) -> Dataset:
+         reader_func: Optional[Callable[[Dataset], Dataset]] = None, wait: bool = False) -> Dataset:
     """The dataset saved under ``path`` by ``save``, as tf.data's ``Dataset.load``; no pipeline code
     is needed. It knows its ``cardinality()`` and ``element_spec``, and is splittable (one split per
     chunk) for ``distributed_epoch``.
 
+    ``wait=True`` reads a ``distributed_save`` while it is being written (see ``GrowingSave``).
     ``compression``: None reads as the save was written (the metadata says how); any other value must
     match it, else ValueError. ``element_spec``: checked against the saved one. ``reader_func``
     receives a Dataset of the shards (each a Dataset) and returns the dataset to read, as in tf.data.
@@ -451,6 +538,17 @@ def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,
     if reader_func is not None and not callable(reader_func):
         raise TypeError(f"reader_func must be callable, got {reader_func!r}")
     directory = os.path.abspath(os.fsdecode(path))
+    if wait and not os.path.exists(os.path.join(directory, _DONE_FILE)):
+        record = _read_save_record(directory)
+        if record is not None:
+            if reader_func is not None:
+                raise ValueError("load: reader_func needs the save's shards, known once it is done; it cannot be "
+                                 "combined with wait=True on a save still being written")
+            _check_compression(directory, record.get("compression"), compression)
+            growing = GrowingSave(directory, record)
+            if element_spec is not None:
+                growing._spec = _check_spec(directory, growing._spec, element_spec)
+            return growing
     metadata = _complete_metadata(directory)
     _check_compression(directory, metadata["compression"], compression)
     spec = None if element_spec is None else _check_spec(directory, metadata.get("element_spec"), element_spec)

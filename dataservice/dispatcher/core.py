@@ -29,6 +29,7 @@ import uuid
 from typing import Callable, Iterable, Optional, Protocol
 
 from dataservice import errors
+from dataservice.dispatcher import saves
 from dataservice.dispatcher.rpc_stats import RpcStats
 from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.service.auth import task_read_key
@@ -535,8 +536,11 @@ class DispatcherCore:
             with self._long_poll() as may_wait:
                 while True:
                     response = self._worker_news(req.worker_address, req.current_tasks)
+                    response.saves.extend(self._save_defs())
+                    new_save = {d.save_id for d in response.saves} - set(req.current_saves)
                     remaining = deadline - time.monotonic()
-                    if response.new_tasks or response.tasks_to_delete or remaining <= 0 or not may_wait:
+                    if response.new_tasks or response.tasks_to_delete or new_save or remaining <= 0 \
+                            or not may_wait:
                         return response
                     # Long poll: a task created for this worker wakes us at once.
                     self._wait(state, remaining)
@@ -576,6 +580,10 @@ class DispatcherCore:
             self._event("register_worker", worker=address, restarted=restarted)
             log.info("worker %s %s", address, "re-registered after a restart" if restarted else "registered")
             if restarted:
+                for save in list(self.state.saves.values()):
+                    if not save.finished and any(a == address for a, _ in save.leases.values()):
+                        self._commit(state_pb2.Update(release_save_leases=state_pb2.ReleaseSaveLeasesUpdate(
+                            save_id=save.save_id, worker_address=address)))
                 # The restarted process lost its tasks: what they held goes back to the pool.
                 for task_id in sorted(worker.tasks):
                     task = self.state.tasks[task_id]
@@ -710,6 +718,160 @@ class DispatcherCore:
                 with self._long_poll():
                     self._wait(state, remaining)
 
+    # --- distributed_save ----------------------------------------------------------------
+    def distributed_save(self, req: dispatcher_pb2.DistributedSaveRequest) -> dispatcher_pb2.DistributedSaveResponse:
+        """Starts saving dataset ``dataset_id`` into ``path``: creates the directory and its save.json, and
+        records the save; workers learn of it from their heartbeats. A retry (same path, same dataset) gets the
+        same save; another save into a path in use, or into a directory that is not empty, AlreadyExistsError."""
+        with self._cond:
+            dataset = self._dataset(req.dataset_id)
+            for save in self.state.saves.values():
+                if save.path == req.path:
+                    if save.dataset_id == req.dataset_id and not save.error:
+                        return dispatcher_pb2.DistributedSaveResponse(save_id=save.save_id)
+                    if not save.finished:
+                        raise errors.AlreadyExistsError(
+                            f"distributed_save: save {save.save_id} (dataset {save.dataset_id}) is writing to "
+                            f"{req.path} now; save into another directory")
+            if dataset.num_splits == INFINITE:
+                raise errors.InvalidRequestError(f"distributed_save: dataset {req.dataset_id} is infinite; take() "
+                                                 f"a finite part to save it")
+            # One chunk per split group; a pipeline that is not splittable is one group, run whole.
+            num_groups = 1 if dataset.num_splits == NOT_SPLITTABLE else max(1, dataset.num_splits)
+            saves.prepare_directory(req.path)
+            save_id = self.state.next_id()
+            saves.write_save_file(req.path, {
+                "save_id": save_id, "dataset_id": req.dataset_id, "num_groups": num_groups,
+                "compression": req.compression or None,
+                "element_spec": req.element_spec.hex() if req.element_spec else None})
+            self._commit(state_pb2.Update(create_save=state_pb2.CreateSaveUpdate(
+                save_id=save_id, dataset_id=req.dataset_id, path=req.path, num_groups=num_groups,
+                compression=req.compression, element_spec=req.element_spec)))
+            self._event("create_save", save_id=save_id, path=req.path, num_groups=num_groups)
+            log.info("save %d: dataset %d into %s, %d chunks", save_id, req.dataset_id, req.path, num_groups)
+            return dispatcher_pb2.DistributedSaveResponse(save_id=save_id)
+
+    def _save(self, save_id: int, rpc: str):
+        save = self.state.saves.get(save_id)
+        if save is None:
+            raise errors.NotFoundError(f"{rpc}: save {save_id} does not exist on this dispatcher")
+        return save
+
+    def lease_save_group(self, req: dispatcher_pb2.LeaseSaveGroupRequest) -> dispatcher_pb2.LeaseSaveGroupResponse:
+        """The next group of the save for this worker to write (its earlier leases of the save go back: it
+        writes one group of a save at a time), or end, or wait while every group left is leased."""
+        with self._cond:
+            save = self._save(req.save_id, "LeaseSaveGroup")
+            if save.finished or len(save.committed) >= save.num_groups:
+                return dispatcher_pb2.LeaseSaveGroupResponse(end=True)
+            taken = {g for g, (address, _) in save.leases.items() if address != req.worker_address}
+            for group in range(save.num_groups):
+                if group not in save.committed and group not in taken:
+                    attempt = self.state.next_id()
+                    self._commit(state_pb2.Update(lease_save_group=state_pb2.LeaseSaveGroupUpdate(
+                        save_id=req.save_id, group=group, worker_address=req.worker_address, attempt=attempt)))
+                    self._event("lease_save_group", save_id=req.save_id, group=group, worker=req.worker_address,
+                                attempt=attempt)
+                    return dispatcher_pb2.LeaseSaveGroupResponse(group=group, attempt=attempt)
+            return dispatcher_pb2.LeaseSaveGroupResponse(wait=True)
+
+    def report_save_chunk(self, req: dispatcher_pb2.ReportSaveChunkRequest
+                          ) -> dispatcher_pb2.ReportSaveChunkResponse:
+        """A worker wrote a group's chunk (or its pipeline failed). The FIRST complete chunk of a group is
+        committed: renamed into chunks/, then journaled; any later one is deleted. So every group is in the
+        save exactly once, even when a group was redone after its worker looked lost, or the pipeline is not
+        deterministic. The last commit writes metadata.json and DONE; a failure writes ERROR."""
+        with self._cond:
+            save = self._save(req.save_id, "ReportSaveChunk")
+            if not 0 <= req.group < save.num_groups:
+                raise errors.InvalidRequestError(f"ReportSaveChunk: save {req.save_id} has groups 0 to "
+                                                 f"{save.num_groups - 1}, not {req.group}")
+            if save.finished or req.group in save.committed:
+                if not req.error:
+                    saves.discard_chunk(save.path, req.group, req.attempt)
+                    self._event("discard_save_chunk", save_id=req.save_id, group=req.group, attempt=req.attempt)
+                return dispatcher_pb2.ReportSaveChunkResponse(committed=False)
+            if req.error:
+                self._fail_save(save, f"group {req.group} on worker {req.worker_address}: {req.error}")
+                return dispatcher_pb2.ReportSaveChunkResponse(committed=False)
+            if not saves.commit_chunk(save.path, req.group, req.attempt):
+                raise errors.NotFoundError(
+                    f"ReportSaveChunk: {saves.uncommitted_path(save.path, req.group, req.attempt)} does not exist: "
+                    f"the dispatcher must see the workers' files (a shared file system)")
+            self._commit(state_pb2.Update(commit_save_chunk=state_pb2.CommitSaveChunkUpdate(
+                save_id=req.save_id, group=req.group, attempt=req.attempt, num_elements=req.num_elements,
+                bytes=req.bytes, element_spec=req.element_spec)))
+            self._event("commit_save_chunk", save_id=req.save_id, group=req.group, attempt=req.attempt,
+                        worker=req.worker_address)
+            self._maybe_finish_save(save)
+            return dispatcher_pb2.ReportSaveChunkResponse(committed=True)
+
+    def _fail_save(self, save, reason: str) -> None:
+        try:
+            saves.write_error(save.path, reason)
+        except OSError as exc:
+            log.error("save %d: cannot write %s/ERROR: %s", save.save_id, save.path, exc)
+        self._commit(state_pb2.Update(finish_save=state_pb2.FinishSaveUpdate(save_id=save.save_id, error=reason)))
+        self._event("fail_save", save_id=save.save_id, error=reason)
+        log.warning("save %d into %s failed: %s", save.save_id, save.path, reason)
+
+    def _maybe_finish_save(self, save) -> None:
+        """Once every group is committed: metadata.json, DONE, then the journal record (idempotent: a
+        dispatcher restarted in between writes them again)."""
+        if save.finished or len(save.committed) < save.num_groups:
+            return
+        from dataservice.data import specs
+        from dataservice.proto import pipeline_pb2
+
+        chunks = [{"file": saves.chunk_name(g), "shard": 0, "num_elements": save.committed[g][1],
+                   "bytes": save.committed[g][2]} for g in range(save.num_groups)]
+        total = sum(c["num_elements"] for c in chunks)
+        spec = specs.decode(pipeline_pb2.ElementSpecDef.FromString(save.element_spec)) if save.element_spec else None
+        try:
+            saves.write_done(save.path, {
+                "element_spec": spec, "compression": save.compression or None, "cardinality": total,
+                "num_elements": total, "num_shards": 1, "shards": [0], "sharding": "distributed_save",
+                "save_id": save.save_id, "chunks": chunks})
+        except OSError as exc:
+            self._fail_save(save, f"cannot write the save's metadata: {exc}")
+            return
+        self._commit(state_pb2.Update(finish_save=state_pb2.FinishSaveUpdate(save_id=save.save_id)))
+        self._event("finish_save", save_id=save.save_id, num_elements=total)
+        log.info("save %d into %s is done: %d chunks, %d elements", save.save_id, save.path, len(chunks), total)
+
+    def get_save_status(self, req: dispatcher_pb2.GetSaveStatusRequest) -> dispatcher_pb2.GetSaveStatusResponse:
+        """The progress of the latest save into ``path``; NotFoundError if there is none."""
+        with self._cond:
+            found = [s for s in self.state.saves.values() if s.path == req.path]
+            if not found:
+                raise errors.NotFoundError(f"no distributed_save into {req.path} on this dispatcher")
+            save = max(found, key=lambda s: s.save_id)
+            return dispatcher_pb2.GetSaveStatusResponse(
+                save_id=save.save_id, path=save.path, num_groups=save.num_groups,
+                groups_committed=len(save.committed), groups_leased=len(save.leases),
+                num_elements=sum(c[1] for c in save.committed.values()),
+                bytes=sum(c[2] for c in save.committed.values()),
+                done=save.finished and not save.error, error=save.error)
+
+    def _save_defs(self) -> list:
+        return [dispatcher_pb2.SaveDef(save_id=s.save_id, dataset_id=s.dataset_id, path=s.path,
+                                       num_groups=s.num_groups, compression=s.compression)
+                for s in self.state.saves.values() if not s.finished]
+
+    def _check_saves(self) -> None:
+        """A lost worker's leases go back to the pool; a save whose every group was committed before a
+        restart (but not finished) is finished now."""
+        for save in list(self.state.saves.values()):
+            if save.finished:
+                continue
+            for address in sorted({a for a, _ in save.leases.values()}):
+                if self._worker_lost(address):
+                    self._commit(state_pb2.Update(release_save_leases=state_pb2.ReleaseSaveLeasesUpdate(
+                        save_id=save.save_id, worker_address=address)))
+                    self._event("release_save_leases", save_id=save.save_id, worker=address)
+                    log.warning("save %d: worker %s is lost; its groups go to other workers", save.save_id, address)
+            self._maybe_finish_save(save)
+
     # --- housekeeping ---------------------------------------------------------------
     def liveness_interval_s(self) -> float:
         """How often ``check_liveness`` runs: a silent worker or client is noticed at most a second
@@ -725,6 +887,7 @@ class DispatcherCore:
         what clients hold stays theirs, and a reader joining later gets the rest produced again)."""
         with self._cond:
             now = self._clock()
+            self._check_saves()
             for address, worker in list(self.state.workers.items()):
                 if not self._worker_lost(address):
                     continue

@@ -39,6 +39,10 @@ _METHODS = {
     "WorkerHeartbeat": "worker_heartbeat",
     "GetSplit": "get_split",
     "GetStatus": "get_status",
+    "DistributedSave": "distributed_save",
+    "LeaseSaveGroup": "lease_save_group",
+    "ReportSaveChunk": "report_save_chunk",
+    "GetSaveStatus": "get_save_status",
 }
 
 _SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"]

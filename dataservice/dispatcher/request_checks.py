@@ -183,6 +183,9 @@ def _worker_heartbeat(req: dispatcher_pb2.WorkerHeartbeatRequest, config: Dispat
     _task_ids(rpc, "current_tasks", req.current_tasks)
     _task_ids(rpc, "finished_tasks", req.finished_tasks)
     _in_range(rpc, "wait_ms", req.wait_ms, 0, MAX_WAIT_MS)
+    if len(req.current_saves) > MAX_TASK_IDS:
+        raise errors.InvalidRequestError(f"{rpc}: current_saves has {len(req.current_saves):,} ids, more than "
+                                         f"{MAX_TASK_IDS:,}")
 
 
 def _get_split(req: dispatcher_pb2.GetSplitRequest, config: DispatcherConfig) -> None:
@@ -196,7 +199,68 @@ def _get_status(req: dispatcher_pb2.GetStatusRequest, config: DispatcherConfig) 
     _at_least("GetStatus", "max_items", req.max_items, 0, "(0: the default)")
 
 
+#: DistributedSave.path and GetSaveStatus.path: an absolute path (PATH_MAX on Linux).
+MAX_SAVE_PATH_CHARS = 4096
+#: DistributedSave.element_spec and ReportSaveChunk.element_spec: an encoded ElementSpecDef.
+MAX_ELEMENT_SPEC_BYTES = 1 << 20
+#: ReportSaveChunk.error: the reason a save failed, written to its ERROR file (workers cut it to 16 KiB).
+MAX_SAVE_ERROR_CHARS = 64 * 1024
+_SAVE_CODECS = ("", "LZ4", "GZIP", "ZLIB", "ZSTD")
+
+
+def _save_path(rpc: str, path: str) -> None:
+    if not path:
+        raise errors.InvalidRequestError(f"{rpc}: path is empty")
+    if len(path) > MAX_SAVE_PATH_CHARS:
+        raise errors.InvalidRequestError(f"{rpc}: path has {len(path):,} characters, more than {MAX_SAVE_PATH_CHARS}")
+    if "\0" in path or not path.startswith("/"):
+        raise errors.InvalidRequestError(f"{rpc}: path {shown_name(path)} must be an absolute path without NUL "
+                                         f"characters")
+
+
+def _distributed_save(req: dispatcher_pb2.DistributedSaveRequest, config: DispatcherConfig) -> None:
+    rpc = "DistributedSave"
+    _positive_id(rpc, "dataset_id", req.dataset_id)
+    _save_path(rpc, req.path)
+    if req.compression not in _SAVE_CODECS:
+        raise errors.InvalidRequestError(f"{rpc}: compression {shown_name(req.compression)} is not one of "
+                                         f"{', '.join(repr(c) for c in _SAVE_CODECS)}")
+    _max_bytes(rpc, "element_spec", req.element_spec, MAX_ELEMENT_SPEC_BYTES)
+
+
+def _save_worker(rpc: str, req) -> None:
+    _positive_id(rpc, "save_id", req.save_id)
+    if not req.worker_address or len(req.worker_address) > 260:
+        raise errors.InvalidRequestError(f"{rpc}: worker_address has {len(req.worker_address)} characters: it "
+                                         f"must have 1 to 260")
+
+
+def _lease_save_group(req: dispatcher_pb2.LeaseSaveGroupRequest, config: DispatcherConfig) -> None:
+    _save_worker("LeaseSaveGroup", req)
+
+
+def _report_save_chunk(req: dispatcher_pb2.ReportSaveChunkRequest, config: DispatcherConfig) -> None:
+    rpc = "ReportSaveChunk"
+    _save_worker(rpc, req)
+    _at_least(rpc, "group", req.group, 0)
+    _positive_id(rpc, "attempt", req.attempt)
+    _at_least(rpc, "num_elements", req.num_elements, 0)
+    _at_least(rpc, "bytes", req.bytes, 0)
+    _max_bytes(rpc, "element_spec", req.element_spec, MAX_ELEMENT_SPEC_BYTES)
+    if len(req.error) > MAX_SAVE_ERROR_CHARS:
+        raise errors.InvalidRequestError(f"{rpc}: error has {len(req.error):,} characters, more than "
+                                         f"{MAX_SAVE_ERROR_CHARS:,}")
+
+
+def _get_save_status(req: dispatcher_pb2.GetSaveStatusRequest, config: DispatcherConfig) -> None:
+    _save_path("GetSaveStatus", req.path)
+
+
 _CHECKS: dict[str, Callable] = {
+    "DistributedSave": _distributed_save,
+    "LeaseSaveGroup": _lease_save_group,
+    "ReportSaveChunk": _report_save_chunk,
+    "GetSaveStatus": _get_save_status,
     "RegisterDataset": _register_dataset,
     "GetDatasetDef": _get_dataset_def,
     "GetDatasetId": _get_dataset_id,

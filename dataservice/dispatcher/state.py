@@ -24,7 +24,7 @@ from dataservice.proto import state_pb2
 from dataservice.service.intervals import OffsetSet
 
 __all__ = ["DispatcherState", "DatasetInfo", "WorkerInfo", "JobInfo", "IterationInfo", "TaskInfo", "ClientInfo",
-           "IterationState", "StateUpdateError"]
+           "SaveInfo", "IterationState", "StateUpdateError"]
 
 
 class StateUpdateError(ValueError):
@@ -106,6 +106,21 @@ class TaskInfo:
 
 
 @dataclasses.dataclass
+class SaveInfo:
+    """A distributed_save: its groups leased to workers, its chunks committed, and how it ended."""
+    save_id: int
+    dataset_id: int
+    path: str
+    num_groups: int
+    compression: str
+    element_spec: bytes = b""
+    leases: dict = dataclasses.field(default_factory=dict)     # group -> (worker address, attempt)
+    committed: dict = dataclasses.field(default_factory=dict)  # group -> (attempt, num_elements, bytes)
+    finished: bool = False
+    error: str = ""
+
+
+@dataclasses.dataclass
 class ClientInfo:
     client_id: int
     iteration_id: int
@@ -129,6 +144,9 @@ class DispatcherState:
         #: Iterations not finished yet: what a worker may get tasks for (kept apart so that
         #: thousands of finished ones cost a heartbeat nothing).
         self.active_iterations: dict[int, IterationInfo] = {}
+        #: distributed_save runs, by save id; the unfinished ones also by path (saves_by_path).
+        self.saves: dict[int, SaveInfo] = {}
+        self.saves_by_path: dict[str, int] = {}
         #: Finished jobs that left the state (PruneJobUpdate), since the state began.
         self.jobs_pruned = 0
         self._next_id = first_id  # one id space for everything: ids are never reused
@@ -362,6 +380,55 @@ class DispatcherState:
             raise StateUpdateError(f"prune_worker: worker {u.worker_address} still has {len(worker.tasks)} tasks")
         del self.workers[u.worker_address]
 
+    # --- distributed_save -----------------------------------------------------------
+    def _apply_create_save(self, u: state_pb2.CreateSaveUpdate) -> None:
+        what = f"create_save {u.save_id}"
+        self._new(self.saves, u.save_id, "save", "create_save")
+        self._need(self.datasets, u.dataset_id, "dataset", what)
+        if not u.path or u.num_groups <= 0:
+            raise StateUpdateError(f"{what}: needs a path and num_groups > 0, got {u.path!r}, {u.num_groups}")
+        self.saves[u.save_id] = SaveInfo(u.save_id, u.dataset_id, u.path, u.num_groups, u.compression,
+                                         u.element_spec)
+        self.saves_by_path[u.path] = u.save_id
+        self._saw_id(u.save_id)
+
+    def _save_group(self, save_id: int, group: int, update: str) -> SaveInfo:
+        save = self._need(self.saves, save_id, "save", update)
+        if not 0 <= group < save.num_groups:
+            raise StateUpdateError(f"{update}: save {save_id} has no group {group} (it has {save.num_groups})")
+        return save
+
+    def _apply_lease_save_group(self, u: state_pb2.LeaseSaveGroupUpdate) -> None:
+        save = self._save_group(u.save_id, u.group, "lease_save_group")
+        for group, (address, _) in list(save.leases.items()):
+            if address == u.worker_address:
+                del save.leases[group]
+        save.leases[u.group] = (u.worker_address, u.attempt)
+        self._saw_id(u.attempt)  # attempts come from the one id space: never reused, across restarts too
+
+    def _apply_commit_save_chunk(self, u: state_pb2.CommitSaveChunkUpdate) -> None:
+        save = self._save_group(u.save_id, u.group, "commit_save_chunk")
+        if u.group in save.committed:
+            raise StateUpdateError(f"commit_save_chunk: group {u.group} of save {u.save_id} is committed already")
+        save.committed[u.group] = (u.attempt, u.num_elements, u.bytes)
+        save.leases.pop(u.group, None)
+        if not save.element_spec and u.element_spec:
+            save.element_spec = u.element_spec
+
+    def _apply_release_save_leases(self, u: state_pb2.ReleaseSaveLeasesUpdate) -> None:
+        save = self._need(self.saves, u.save_id, "save", "release_save_leases")
+        for group, (address, _) in list(save.leases.items()):
+            if address == u.worker_address:
+                del save.leases[group]
+
+    def _apply_finish_save(self, u: state_pb2.FinishSaveUpdate) -> None:
+        save = self._need(self.saves, u.save_id, "save", "finish_save")
+        save.finished = True
+        save.error = u.error
+        save.leases = {}
+        if self.saves_by_path.get(save.path) == u.save_id:
+            del self.saves_by_path[save.path]
+
     def _apply_counters(self, u: state_pb2.CountersUpdate) -> None:
         self.jobs_pruned = u.jobs_pruned
 
@@ -429,6 +496,18 @@ class DispatcherState:
         for c in self.clients.values():
             out.append(U(acquire_iteration_client=state_pb2.AcquireIterationClientUpdate(
                 client_id=c.client_id, iteration_id=c.iteration_id)))
+        for save in self.saves.values():
+            out.append(U(create_save=state_pb2.CreateSaveUpdate(
+                save_id=save.save_id, dataset_id=save.dataset_id, path=save.path, num_groups=save.num_groups,
+                compression=save.compression, element_spec=save.element_spec)))
+            for group, (attempt, n, nbytes) in save.committed.items():
+                out.append(U(commit_save_chunk=state_pb2.CommitSaveChunkUpdate(
+                    save_id=save.save_id, group=group, attempt=attempt, num_elements=n, bytes=nbytes)))
+            for group, (address, attempt) in save.leases.items():
+                out.append(U(lease_save_group=state_pb2.LeaseSaveGroupUpdate(
+                    save_id=save.save_id, group=group, worker_address=address, attempt=attempt)))
+            if save.finished:
+                out.append(U(finish_save=state_pb2.FinishSaveUpdate(save_id=save.save_id, error=save.error)))
         Lease = state_pb2.IterationSnapshotUpdate.Lease
         for it in self.iterations.values():
             done: list[int] = []

@@ -84,6 +84,26 @@ class DispatcherStub:
                 request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.DistributedSave = channel.unary_unary(
+                '/dataservice.Dispatcher/DistributedSave',
+                request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveRequest.SerializeToString,
+                response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveResponse.FromString,
+                _registered_method=True)
+        self.LeaseSaveGroup = channel.unary_unary(
+                '/dataservice.Dispatcher/LeaseSaveGroup',
+                request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupRequest.SerializeToString,
+                response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupResponse.FromString,
+                _registered_method=True)
+        self.ReportSaveChunk = channel.unary_unary(
+                '/dataservice.Dispatcher/ReportSaveChunk',
+                request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkRequest.SerializeToString,
+                response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkResponse.FromString,
+                _registered_method=True)
+        self.GetSaveStatus = channel.unary_unary(
+                '/dataservice.Dispatcher/GetSaveStatus',
+                request_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusRequest.SerializeToString,
+                response_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServicer:
@@ -149,6 +169,30 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DistributedSave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseSaveGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportSaveChunk(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSaveStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +245,26 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetStatusRequest.FromString,
                     response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'DistributedSave': grpc.unary_unary_rpc_method_handler(
+                    servicer.DistributedSave,
+                    request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveRequest.FromString,
+                    response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveResponse.SerializeToString,
+            ),
+            'LeaseSaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseSaveGroup,
+                    request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupRequest.FromString,
+                    response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupResponse.SerializeToString,
+            ),
+            'ReportSaveChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSaveChunk,
+                    request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkRequest.FromString,
+                    response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkResponse.SerializeToString,
+            ),
+            'GetSaveStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSaveStatus,
+                    request_deserializer=dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusRequest.FromString,
+                    response_serializer=dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +537,114 @@ class Dispatcher:
             '/dataservice.Dispatcher/GetStatus',
             dataservice_dot_proto_dot_dispatcher__pb2.GetStatusRequest.SerializeToString,
             dataservice_dot_proto_dot_dispatcher__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DistributedSave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.Dispatcher/DistributedSave',
+            dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveRequest.SerializeToString,
+            dataservice_dot_proto_dot_dispatcher__pb2.DistributedSaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseSaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.Dispatcher/LeaseSaveGroup',
+            dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupRequest.SerializeToString,
+            dataservice_dot_proto_dot_dispatcher__pb2.LeaseSaveGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSaveChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.Dispatcher/ReportSaveChunk',
+            dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkRequest.SerializeToString,
+            dataservice_dot_proto_dot_dispatcher__pb2.ReportSaveChunkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSaveStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dataservice.Dispatcher/GetSaveStatus',
+            dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusRequest.SerializeToString,
+            dataservice_dot_proto_dot_dispatcher__pb2.GetSaveStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

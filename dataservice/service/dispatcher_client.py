@@ -177,6 +177,22 @@ class DispatcherClient:
     def get_status(self, timeout_s: Optional[float] = None) -> dispatcher_pb2.GetStatusResponse:
         return self._call("GetStatus", dispatcher_pb2.GetStatusRequest(), timeout_s=timeout_s)
 
+    def distributed_save(self, dataset_id: int, path: str, compression: str, element_spec: bytes) -> int:
+        """Starts a distributed_save; the save's id."""
+        return self._call("DistributedSave", dispatcher_pb2.DistributedSaveRequest(
+            dataset_id=dataset_id, path=path, compression=compression, element_spec=element_spec)).save_id
+
+    def lease_save_group(self, save_id: int, worker_address: str) -> dispatcher_pb2.LeaseSaveGroupResponse:
+        return self._call("LeaseSaveGroup", dispatcher_pb2.LeaseSaveGroupRequest(save_id=save_id,
+                                                                                  worker_address=worker_address))
+
+    def report_save_chunk(self, request: dispatcher_pb2.ReportSaveChunkRequest
+                          ) -> dispatcher_pb2.ReportSaveChunkResponse:
+        return self._call("ReportSaveChunk", request)
+
+    def get_save_status(self, path: str, timeout_s: Optional[float] = None) -> dispatcher_pb2.GetSaveStatusResponse:
+        return self._call("GetSaveStatus", dispatcher_pb2.GetSaveStatusRequest(path=path), timeout_s=timeout_s)
+
     # --- telling a wrong endpoint from a dispatcher that is not up yet -------------------
     def _diagnose(self, exc: grpc.RpcError, method: str) -> Optional[errors.ServiceError]:
         """The error to raise instead of retrying or translating ``exc``, if the address is not a dispatcher."""

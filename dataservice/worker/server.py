@@ -37,6 +37,7 @@ from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.grpc_service import add_worker_service
 from dataservice.worker.memory_budget import MemoryBudget
+from dataservice.worker.save_runner import SaveRunner
 from dataservice.worker.task_runner import TaskRunner
 
 __all__ = ["WorkerServer"]
@@ -78,6 +79,8 @@ class WorkerServer:
         self.address = ""
         self._uid = ""
         self._tasks: dict[int, TaskRunner] = {}
+        #: distributed_save runs this worker writes chunks for, by save id (see save_runner).
+        self._saves: dict[int, SaveRunner] = {}
         # Loaded pipelines by dataset id, most recently used last: a worker that runs for months
         # sees many pipelines come and go, so only DATASETS_CACHED stay.
         self._datasets: collections.OrderedDict[int, object] = collections.OrderedDict()
@@ -235,15 +238,46 @@ class WorkerServer:
             runner.stop()
             log.info("deleted task %d", task_id)
 
+    # --- distributed_save ------------------------------------------------------------
+    def _update_saves(self, save_defs) -> None:
+        """Starts a runner for each save being written that has none running here; cancels those of saves
+        that ended. A runner that ended (no group free then) is started again while its save goes on: a lost
+        worker's groups may have come back."""
+        announced = {d.save_id: d for d in save_defs}
+        with self._cond:
+            if self._stopped.is_set():
+                return
+            for save_id in [i for i in self._saves if i not in announced]:
+                self._saves.pop(save_id).cancel()
+            for save_id, save_def in announced.items():
+                runner = self._saves.get(save_id)
+                if runner is None or not runner.alive:
+                    runner = self._saves[save_id] = SaveRunner(save_def, self._save_dataset, self._dispatcher,
+                                                               self.address)
+                    runner.start()
+
+    def _save_dataset(self, dataset_id: int):
+        """A save's pipeline, from the cache or downloaded (on the save's thread)."""
+        with self._cond:
+            dataset = self._datasets.get(dataset_id)
+        if dataset is None:
+            dataset = deserialize_dataset(self._dispatcher.get_dataset_def(dataset_id))
+            with self._cond:
+                self._datasets[dataset_id] = dataset
+                while len(self._datasets) > DATASETS_CACHED:
+                    self._datasets.popitem(last=False)
+        return dataset
+
     # --- heartbeats -----------------------------------------------------------------
     def _heartbeat_request(self, wait_ms: int) -> dispatcher_pb2.WorkerHeartbeatRequest:
         with self._cond:
             runners = list(self._tasks.values())
+            saves = sorted(self._saves)
         return dispatcher_pb2.WorkerHeartbeatRequest(
             worker_address=self.address, worker_uid=self._uid,
             current_tasks=[r.task_id for r in runners],
             finished_tasks=[r.task_id for r in runners if r.finished], wait_ms=wait_ms,
-            data_address=self.data_address)
+            data_address=self.data_address, current_saves=saves)
 
     def _heartbeat_loop(self) -> None:
         wait_ms = 0  # the first heartbeat registers at once
@@ -277,6 +311,7 @@ class WorkerServer:
                              self._dispatcher_incarnation[:8], response.dispatcher_incarnation[:8])
                 self._dispatcher_incarnation = response.dispatcher_incarnation
             self._start_tasks(response.new_tasks)
+            self._update_saves(response.saves)
             for task_id in response.tasks_to_delete:
                 self._delete_task(task_id)
             asked_ms = wait_ms
@@ -301,9 +336,13 @@ class WorkerServer:
         with self._cond:
             runners = list(self._tasks.values())
             self._tasks.clear()
+            save_runners = list(self._saves.values())
+            self._saves.clear()
             self._cond.notify_all()
         for runner in runners:
             runner.stop()
+        for save_runner in save_runners:
+            save_runner.cancel()
         if self._data_server is not None:
             self._data_server.stop()
             self._data_server = None
