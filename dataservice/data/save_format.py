@@ -48,8 +48,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from dataservice.data.readers.compression import read_chunks
-from dataservice.data.readers.tfrecord import TFRecordWriter, corrupted_record, parse_records
+from dataservice.data.readers.tfrecord import TFRecordWriter, corrupted_record, masked_crc32c
 from dataservice.service import wire
 
 __all__ = ["FORMAT_VERSION", "COMPRESSIONS", "METADATA_FILE", "RECORD_BYTES", "resolve_compression",
@@ -72,7 +71,10 @@ RECORD_ELEMENTS = 8192
 AUTO_CODEC = "LZ4"
 
 _U64 = struct.Struct("<Q")
-_READ_BUFFER = 4 << 20  # large: a 1 MiB record then rarely straddles two reads
+#: A record's framing, as TFRecord's: length, masked CRC of the length; after the data, masked CRC of the data.
+_RECORD_HEAD = struct.Struct("<QI")
+_RECORD_HEADER = _RECORD_HEAD.size
+_U32_STRUCT = struct.Struct("<I")
 _IMMUTABLE = (bytes, str, int, float, bool, complex, type(None))
 
 
@@ -116,7 +118,9 @@ def _codec(codec: Optional[str]) -> Optional[tuple[Callable, Callable]]:
     if codec == "LZ4":
         import lz4.frame
 
-        return (lambda data: lz4.frame.compress(data, store_size=True)), lz4.frame.decompress
+        # Straight into a bytearray: the record's arrays are writable views into it, with no copy.
+        return ((lambda data: lz4.frame.compress(data, store_size=True)),
+                (lambda data: lz4.frame.decompress(data, return_bytearray=True)))
     if codec == "ZSTD":
         try:
             import zstandard
@@ -325,9 +329,10 @@ class ChunkWriter:
             self.abort()
 
 
-def _decode_payload(payload: bytes, path: str, offset: int) -> list:
-    """The elements of one decompressed record; arrays get memory of their own (writable)."""
-    view = memoryview(payload)
+def _decode_payload(payload: Any, path: str, offset: int) -> list:
+    """The elements of one decompressed record. ``payload`` is writable memory of this record alone:
+    its arrays are views into it (writable, no copy), and what they keep alive is this record."""
+    view = memoryview(payload).cast("B")
     n = len(view)
     pos = 0
     elements: list = []
@@ -340,13 +345,54 @@ def _decode_payload(payload: bytes, path: str, offset: int) -> list:
             if pos + length > n:
                 raise wire.WireFormatError(f"a frame of {length} bytes, but {n - pos} left in the record")
             prefix, buffers = wire.split_frame(view[pos:pos + length])
-            # Each large array gets a buffer of its own: writable, and freed with the array alone.
-            elements.extend(wire.decode_frame(bytearray(prefix), [bytearray(b) for b in buffers]))
+            elements.extend(wire.decode_frame(prefix, buffers))
             pos += length
     except (wire.WireFormatError, ValueError, TypeError) as exc:
         raise corrupted_record(path, offset, f"the record's elements do not decode ({exc}); "
                                              "was it written by another version?") from None
     return elements
+
+
+def _records(path: str) -> Iterator[tuple[memoryview, int]]:
+    """Each record of a chunk file with its byte offset, CRC-checked, read straight into memory of
+    its own (``readinto``: one copy from the page cache, none to assemble a record), so that a
+    record's arrays can be views into it."""
+    header = bytearray(_RECORD_HEADER)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while True:
+            got = _read_into(f, header)
+            if got == 0:
+                return
+            if got < _RECORD_HEADER:
+                raise corrupted_record(path, offset, f"truncated record: the file ends {got} bytes into a header")
+            length, stored = _RECORD_HEAD.unpack_from(header)
+            if masked_crc32c(bytes(header[:8])) != stored:
+                raise corrupted_record(path, offset, "length CRC mismatch")
+            if offset + _RECORD_HEADER + length + 4 > size:
+                raise corrupted_record(path, offset, f"truncated record: the file ends before the record of "
+                                                     f"{length} bytes")
+            data = bytearray(length + 4)
+            if _read_into(f, data) != len(data):
+                raise corrupted_record(path, offset, "truncated record: the file ended while it was read")
+            record = memoryview(data)[:length]
+            if masked_crc32c(record) != _U32_STRUCT.unpack_from(data, length)[0]:
+                raise corrupted_record(path, offset, "data CRC mismatch")
+            yield record, offset
+            offset += _RECORD_HEADER + length + 4
+
+
+def _read_into(f: Any, buffer: bytearray) -> int:
+    """Fills ``buffer`` from ``f`` as far as the file goes (a raw read may return less than asked)."""
+    view = memoryview(buffer)
+    total = 0
+    while total < len(buffer):
+        got = f.readinto(view[total:])
+        if not got:
+            break
+        total += got
+    return total
 
 
 def read_chunk(path: str, compression: Optional[str]) -> Iterator[Any]:
@@ -358,19 +404,18 @@ def read_chunk(path: str, compression: Optional[str]) -> Iterator[Any]:
     path = os.fspath(path)
     codec = _codec(compression)
     decompress = codec[1] if codec else None
-    offset = 0  # the current record's byte offset in the file
-    for records in parse_records(read_chunks(path, "", _READ_BUFFER, "load"), path):
-        for record in records:
-            if decompress is not None:
-                try:
-                    payload = decompress(record)
-                except Exception as exc:  # each codec raises its own error type
-                    raise corrupted_record(path, offset, f"the record does not decompress as {compression} "
-                                                         f"({type(exc).__name__}: {exc})") from None
-            else:
-                payload = record
-            yield from _decode_payload(payload, path, offset)
-            offset += 16 + len(record)
+    for record, offset in _records(path):
+        if decompress is not None:
+            try:
+                payload = decompress(record)
+                if not isinstance(payload, bytearray):  # the record's arrays are views into it: writable
+                    payload = bytearray(payload)
+            except Exception as exc:  # each codec raises its own error type
+                raise corrupted_record(path, offset, f"the record does not decompress as {compression} "
+                                                     f"({type(exc).__name__}: {exc})") from None
+        else:
+            payload = record
+        yield from _decode_payload(payload, path, offset)
 
 
 # --- metadata ------------------------------------------------------------------------------------
