@@ -52,7 +52,8 @@ from dataservice.data.readers.tfrecord import TFRecordWriter, corrupted_record, 
 from dataservice.service import wire
 
 __all__ = ["FORMAT_VERSION", "COMPRESSIONS", "METADATA_FILE", "RECORD_BYTES", "resolve_compression",
-           "ChunkWriter", "read_chunk", "write_metadata", "read_metadata", "fsync_directory", "temporary_name"]
+           "ChunkWriter", "read_chunk", "write_metadata", "read_metadata", "fsync_directory", "temporary_name",
+           "write_file_atomically"]
 
 #: The version ``write_metadata`` records; ``read_metadata`` refuses a newer one.
 FORMAT_VERSION = 1
@@ -141,6 +142,30 @@ def _codec(codec: Optional[str]) -> Optional[tuple[Callable, Callable]]:
 def temporary_name(path: str) -> str:
     """A name beside ``path`` for writing it before the rename: unique per process and writer."""
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def write_file_atomically(target: str, data: bytes) -> None:
+    """Replaces ``target`` with ``data`` so that a reader sees the old file or the new one, whole,
+    even after a crash: a temporary file, fsync, rename, fsync of the directory.
+
+    Example::
+
+        >>> write_file_atomically("/tmp/d/DONE", b"")
+    """
+    tmp = temporary_name(target)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_directory(os.path.dirname(target))
 
 
 def fsync_directory(directory: str) -> None:
@@ -456,22 +481,8 @@ def write_metadata(directory: str, metadata: dict) -> None:
     if spec is not None:
         record["element_spec"] = _encode_spec(spec)
         record.setdefault("element_spec_repr", repr(spec))
-    path = os.path.join(directory, METADATA_FILE)
-    tmp = temporary_name(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1, default=_json_default)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_directory(directory)
+    text = json.dumps(record, indent=1, default=_json_default) + "\n"
+    write_file_atomically(os.path.join(directory, METADATA_FILE), text.encode("utf-8"))
 
 
 def _json_default(value: Any) -> Any:

@@ -527,7 +527,7 @@ class _Attempt:
             # Another writer finished first; its snapshot holds the same pipeline's output.
             self.discard()
             return False
-        _fsync_dir(os.path.dirname(committed))
+        _save_format().fsync_directory(os.path.dirname(committed))
         self._release()
         return True
 
@@ -577,16 +577,8 @@ def sweep_stale_attempts(attempts: str) -> list[str]:
     return swept
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree_dirs(root: str) -> None:
     """fsyncs the directories under ``root`` and ``root``: the shard directories' entries are durable
     before the rename that commits them."""
     for directory, _, _ in os.walk(root, topdown=False):
-        _fsync_dir(directory)
+        _save_format().fsync_directory(directory)

@@ -78,7 +78,7 @@ def prepare_directory(path: str) -> None:
 def write_save_file(path: str, record: dict) -> None:
     """``path/save.json``, atomically: what load(wait=True) and save-status read before the save is done."""
     target = os.path.join(path, SAVE_FILE)
-    _write_atomically(target, (json.dumps(record, indent=1) + "\n").encode())
+    save_format.write_file_atomically(target, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def read_save_file(path: str) -> Optional[dict]:
@@ -112,13 +112,13 @@ def discard_chunk(path: str, group: int, attempt: int) -> None:
 def write_done(path: str, metadata: dict) -> None:
     """metadata.json (so ``load`` reads the save like a ``Dataset.save``), then DONE; uncommitted/ emptied."""
     save_format.write_metadata(path, metadata)
-    _write_atomically(os.path.join(path, DONE_FILE), b"")
+    save_format.write_file_atomically(os.path.join(path, DONE_FILE), b"")
     _clear_uncommitted(path)
 
 
 def write_error(path: str, reason: str) -> None:
     """ERROR holding ``reason``: the save failed and will not complete."""
-    _write_atomically(os.path.join(path, ERROR_FILE), reason.encode("utf-8", "replace"))
+    save_format.write_file_atomically(os.path.join(path, ERROR_FILE), reason.encode("utf-8", "replace"))
     _clear_uncommitted(path)
 
 
@@ -133,20 +133,3 @@ def _clear_uncommitted(path: str) -> None:
             os.unlink(os.path.join(directory, name))
         except OSError:
             pass  # a late worker's temporary file: harmless, and the worker removes its own
-
-
-def _write_atomically(target: str, data: bytes) -> None:
-    tmp = save_format.temporary_name(target)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    save_format.fsync_directory(os.path.dirname(target))
