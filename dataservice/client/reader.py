@@ -237,10 +237,23 @@ class IterationReader:
             try:
                 return self._out.get_nowait()
             except queue.Empty:
+                if self._awaiting_the_end():
+                    # Every task has delivered all it had: no worker is silent, the dispatcher's word on the
+                    # end is awaited, and the heartbeat loop bounds that wait itself (timeout_ms to reach it).
+                    started = time.monotonic()
+                    continue
                 # The message first: close() ends the fetchers, and an ended fetcher counts as finished.
                 message = self._no_answer_message()
                 self.close()
                 raise errors.ServiceUnavailableError(message) from None
+
+    def _awaiting_the_end(self) -> bool:
+        """Every task this reader knows ended normally (none revoked, none failed: a failure is in the
+        output already), and the reader is still open: only the dispatcher can say whether more come."""
+        with self._lock:
+            fetchers = list(self._fetchers)
+            return (bool(fetchers) and not self._closed and not self._stop.is_set()
+                    and all(t in self._finished_tasks and t not in self._revoked for t in fetchers))
 
     def _no_answer_message(self) -> str:
         timeout_ms = int(self._timeout_s * 1000)
