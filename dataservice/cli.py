@@ -668,14 +668,19 @@ def format_status(status: dict, out: TextIO) -> None:
                out)
 
 
-def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+def _dispatcher_client(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DispatcherClient:
+    """A client of ``--dispatcher`` with the command's token and TLS flags (a bad one exits with usage)."""
     try:
         auth = ClusterAuth.resolve(_auth_token(args))
         tls = TlsSettings.resolve(args.tls_ca, args.tls_cert, args.tls_key)
     except ValueError as exc:
         parser.error(str(exc))
-    client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
+    return DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
+
+
+def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    client = _dispatcher_client(args, parser)
     try:
         response = client.get_status(timeout_s=args.timeout_ms / 1000)
     except errors.ServiceUnavailableError as exc:
@@ -709,14 +714,7 @@ def _run_save_status(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     from dataservice.client.save_status import format_progress, progress_bar, save_progress
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    client = None
-    if args.dispatcher is not None:
-        try:
-            auth = ClusterAuth.resolve(_auth_token(args))
-            tls = TlsSettings.resolve(args.tls_ca, args.tls_cert, args.tls_key)
-        except ValueError as exc:
-            parser.error(str(exc))
-        client = DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
+    client = _dispatcher_client(args, parser) if args.dispatcher is not None else None
     bar = args.wait and not args.json and sys.stderr.isatty()
     try:
         while True:
