@@ -40,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import json
+import operator
 import os
 import struct
 import uuid
@@ -53,7 +54,7 @@ from dataservice.service import wire
 
 __all__ = ["FORMAT_VERSION", "COMPRESSIONS", "METADATA_FILE", "RECORD_BYTES", "resolve_compression",
            "ChunkWriter", "read_chunk", "write_metadata", "read_metadata", "fsync_directory", "temporary_name",
-           "write_file_atomically"]
+           "write_file_atomically", "shard_index"]
 
 #: The version ``write_metadata`` records; ``read_metadata`` refuses a newer one.
 FORMAT_VERSION = 1
@@ -170,19 +171,32 @@ def write_file_atomically(target: str, data: bytes) -> None:
 
 def fsync_directory(directory: str) -> None:
     """Makes renames and creations in ``directory`` durable."""
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_file(directory or ".")
 
 
 def _fsync_file(path: str) -> None:
+    """fsyncs a file or a directory by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def shard_index(value: Any, where: str) -> int:
+    """What a ``shard_func`` returned, as a shard index (save and snapshot): an int >= 0 (a numpy
+    integer or 0-d integer array too; not a bool), else TypeError/ValueError naming ``where``."""
+    try:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        index = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{where} must return an int shard index, got {value!r}") from None
+    if index < 0:
+        raise ValueError(f"{where} must return a shard index >= 0, got {index}")
+    return index
 
 
 def _estimate(element: Any) -> int:

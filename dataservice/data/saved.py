@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 import queue
 import re
@@ -140,13 +139,7 @@ def _shard_of(shard_func: Callable, element: Any) -> int:
         shard = shard_func(*element) if type(element) is tuple else shard_func(element)
     except Exception as exc:
         raise_user_error(exc, where)
-    try:
-        shard = operator.index(shard.item() if isinstance(shard, np.ndarray) and shard.ndim == 0 else shard)
-    except TypeError:
-        raise TypeError(f"{where} must return an int shard index, got {shard!r}") from None
-    if shard < 0:
-        raise ValueError(f"{where} must return a shard index >= 0, got {shard}")
-    return shard
+    return save_format.shard_index(shard, where)
 
 
 def save(dataset: Dataset, path: Any, compression: Optional[str] = None,

@@ -34,7 +34,6 @@ import collections
 import errno
 import fcntl
 import hashlib
-import operator
 import os
 import pickletools
 import secrets
@@ -313,7 +312,7 @@ class SnapshotDataset(_UnaryDataset):
                         returned = shard_func(*element) if type(element) is tuple else shard_func(element)
                     except Exception as exc:
                         raise_user_error(exc, where)
-                    shard = _shard_index(returned, where)
+                    shard = _save_format().shard_index(returned, where)
                 writer = open_chunks.get(shard)
                 if writer is None:
                     if len(open_chunks) >= MAX_OPEN_CHUNKS:
@@ -450,20 +449,6 @@ class _ShardsDataset(Dataset):
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         return iter(self._shards)
-
-
-def _shard_index(value: Any, where: str) -> int:
-    try:
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value.item()
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError
-        index = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{where} must return an int shard index, got {value!r}") from None
-    if index < 0:
-        raise ValueError(f"{where} must return a shard index >= 0, got {index}")
-    return index
 
 
 def read_snapshot_metadata(committed: str) -> dict:
