@@ -3,7 +3,8 @@ training loop reading from it.
 
 It starts ``python -m dataservice local --workers 2 --port 0`` as a real
 process, reads the target from the line it prints, trains in each processing mode
-from this process, then stops the cluster with SIGINT
+from this process, trains a classifier on the catalogue's ``shapes`` dataset
+(``client/shapes_classifier.py``) through the same cluster, then stops the cluster with SIGINT
 (as Ctrl-C would) and checks it exits cleanly.
 
 Example::
@@ -13,6 +14,8 @@ Example::
     local cluster: grpc://localhost:40123 with 2 workers
     ...
     read 25,600 elements (400 batches) in 2.10 s: 12,190 elements/s, 37.6 MB/s
+    ...
+    test accuracy 0.78 (chance: 0.333)
     cluster stopped (exit code 0)
 """
 
@@ -24,10 +27,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO, Optional, Sequence
 
+from client.shapes_classifier import train_shapes
 from client.train import train
 
 __all__ = ["start_local_cluster", "stop_process", "main"]
@@ -109,6 +114,11 @@ def main() -> int:
             result = train(service, mode, epochs=epochs)
             print(result.summary(), flush=True)
             print(f"final loss {result.final_loss:.4f}", flush=True)
+        # A named dataset of the catalogue, prepared offline, sliced, and fed through the same cluster.
+        with tempfile.TemporaryDirectory(prefix="dataservice-datasets-") as data_dir:
+            print(f"\ntraining a classifier on the catalogue's shapes dataset (prepared in {data_dir}), "
+                  f"distributed_epoch, reading from {service}", flush=True)
+            train_shapes(service, data_dir=data_dir, epochs=3)
         ok = True
     finally:
         code = stop_process(proc, signal.SIGINT)

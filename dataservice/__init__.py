@@ -38,7 +38,7 @@ def _quiet_grpc_core() -> None:
 
 _quiet_grpc_core()
 
-from dataservice import errors
+from dataservice import catalogue, errors
 from dataservice.client.distribute import ShardingPolicy, distribute, from_dataset_id, register_dataset
 from dataservice.client.distributed_save import distributed_save
 from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
@@ -72,6 +72,7 @@ __all__ = [
     "UNKNOWN_CARDINALITY",
     "WorkerConfig",
     "WorkerServer",
+    "catalogue",
     "distribute",
     "distributed_save",
     "errors",

@@ -325,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_tls_flags(local, verifies_dispatcher=True)
     _add_log_level(local)
     local.set_defaults(_parser=local)
+
+    from dataservice.catalogue import command as datasets_command
+
+    datasets_command.add_parser(commands, positive_int)
     return parser
 
 
@@ -746,8 +750,14 @@ def _run_save_status(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     return EXIT_FAILURE if progress["state"] == "error" else 0
 
 
+def _run_datasets(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.catalogue import command as datasets_command
+
+    return datasets_command.run(args, parser)
+
+
 _COMMANDS = {"dispatcher": _run_dispatcher, "worker": _run_worker, "status": _run_status, "local": _run_local,
-             "save-status": _run_save_status}
+             "save-status": _run_save_status, "datasets": _run_datasets}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -7,6 +7,9 @@ The tree::
     │   ├── NotSplittableError (ValueError)   distributed_epoch needs splits this pipeline cannot give
     │   ├── PipelineSerializationError (TypeError)   cloudpickle could not serialize a pipeline
     │   └── DataLossError                 a corrupted or truncated record file
+    ├── CatalogueError                    naming a dataset of the catalogue (dataservice.catalogue)
+    │   ├── DatasetNotFoundError (ValueError)      no builder, and nothing prepared, by that name
+    │   └── UnsupportedVersionError (ValueError)   no supported (or prepared) version matches the request
     └── ServiceError                      talking to the dispatcher or a worker
         ├── ServiceUnavailableError       nobody answered within the configured timeout
         ├── NotFoundError                 unknown dataset id, job or task
@@ -34,10 +37,14 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 __all__ = [
     "AlreadyExistsError",
+    "CatalogueError",
     "DataLossError",
     "DataServiceError",
+    "DatasetNotFoundError",
     "InvalidRequestError",
     "MissingModuleError",
     "NotFoundError",
@@ -48,6 +55,7 @@ __all__ = [
     "RemoteUserError",
     "ServiceError",
     "ServiceUnavailableError",
+    "UnsupportedVersionError",
     "VersionSkewError",
     "WorkerEnvironmentError",
     "WrongEndpointError",
@@ -77,6 +85,25 @@ class DataLossError(PipelineError):
         super().__init__(message)
         self.filename = filename
         self.offset = offset
+
+
+class CatalogueError(DataServiceError):
+    """A dataset of the catalogue could not be found as named."""
+
+
+class DatasetNotFoundError(CatalogueError, ValueError):
+    """No builder is registered under the name, and nothing is prepared under it in the data directory."""
+
+
+class UnsupportedVersionError(CatalogueError, ValueError):
+    """No version of ``dataset`` matches ``requested``; ``available`` lists those that exist, highest first
+    (the builder's canonical and supported versions, or the versions prepared on disk)."""
+
+    def __init__(self, message: str, dataset: str = "", requested: str = "", available: Sequence[Any] = ()):
+        super().__init__(message)
+        self.dataset = dataset
+        self.requested = requested
+        self.available = list(available)
 
 
 class ServiceError(DataServiceError):

@@ -58,6 +58,11 @@ FLAGS = {
     "status": ["--dispatcher", "--json", "--timeout-ms"],
     "local": ["--workers", "--port", "--work-dir", "--fault-tolerant", "--log-level"],
     "save-status": ["--dispatcher", "--wait", "--json", "--timeout-ms"],
+    "datasets": ["list", "build"],  # its actions; their flags: test_datasets_actions_mention_their_flags
+}
+DATASETS_FLAGS = {
+    "list": ["--data-dir", "--import", "--json"],
+    "build": ["--data-dir", "--import", "--num-shards", "--max-examples-per-split"],
 }
 
 
@@ -69,11 +74,27 @@ def test_help_mentions_every_flag(command: str, capsys: pytest.CaptureFixture) -
         assert flag in out, f"{command} --help does not mention {flag}"
 
 
+@pytest.mark.parametrize("action", sorted(DATASETS_FLAGS))
+def test_datasets_actions_mention_their_flags(action: str, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["datasets", action, "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in DATASETS_FLAGS[action]:
+        assert flag in out, f"datasets {action} --help does not mention {flag}"
+
+
+def _subcommands(parser) -> dict:
+    return next((a.choices for a in parser._actions if a.choices and isinstance(a.choices, dict)), {})
+
+
 def test_every_option_has_help() -> None:
     parser = cli.build_parser()
-    subparsers = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict)).choices
+    subparsers = _subcommands(parser)
     assert set(subparsers) == set(FLAGS)
-    for name, sub in subparsers.items():
+    assert set(_subcommands(subparsers["datasets"])) == set(DATASETS_FLAGS)
+    pending = list(subparsers.items())
+    while pending:
+        name, sub = pending.pop()
+        pending.extend((f"{name} {n}", s) for n, s in _subcommands(sub).items())
         for action in sub._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help and action.help.strip(), f"{name} {action.option_strings} has no help text"
@@ -324,6 +345,8 @@ def test_demo_runs_to_completion(cli_env: dict) -> None:
     assert re.search(r"local cluster: grpc://localhost:\d+ with 2 workers", out), out
     assert THROUGHPUT_LINE.search(out), out
     assert "cluster stopped (exit code 0)" in out
+    accuracy = re.search(r"test accuracy (\d\.\d+) \(chance: 0\.333\)", out)
+    assert accuracy and float(accuracy.group(1)) > 0.5, out  # shapes, through the service: well above chance
     assert "Traceback" not in err, err
 
 

@@ -101,7 +101,9 @@ def _check(result: subprocess.CompletedProcess, block: str, what: str) -> None:
 
 
 def _run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script.name, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+    # The catalogue's blocks prepare datasets: into the test's directory, not the user's ~/tensorflow_datasets.
+    env = dict(_env(), DATASERVICE_DATA_DIR=str(cwd / "datasets"))
+    return subprocess.run([sys.executable, script.name, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=SNIPPET_TIMEOUT_S)
 
 
