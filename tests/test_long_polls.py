@@ -40,6 +40,8 @@ def test_64_long_polls_do_not_delay_a_read_or_a_workers_heartbeat():
         client = DispatcherClient(cluster.dispatcher_address, timeout_ms=10_000)
         try:
             wait_until(lambda: core._long_polls >= min(POLLS, LONG_POLL_SLOTS), 10, "the long-poll slots to fill")
+            # Every poller has registered (on a loaded machine its thread's first call may come late).
+            wait_until(lambda: cluster.num_registered_workers() == POLLS + 1, 20, "every poller to register")
             started = time.monotonic()
             dataset_id = register_dataset(cluster.target, Dataset.range(10))
             job_id = client.get_or_create_job(dataset_id, state_pb2.DISTRIBUTED_EPOCH, "")
