@@ -551,7 +551,8 @@ def test_docker_compose_commands_parse(tmp_path, monkeypatch) -> None:
 def test_dockerfile_and_compose_basics() -> None:
     dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\s*$", dockerfile, re.M)
-    assert re.search(r"^RUN pip install \.", dockerfile, re.M)
+    # With the images extra: workers decode the catalogue's Image features (Pillow).
+    assert re.search(r"^RUN pip install '\.\[images\]'", dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["dataservice"\]\s*$', dockerfile, re.M)
     compose = (REPO / "docker-compose.yml").read_text()
     assert "dockerfile: deploy/Dockerfile" in compose
