@@ -6,7 +6,9 @@ The tree::
     ├── PipelineError                     a problem with a Dataset pipeline
     │   ├── NotSplittableError (ValueError)   distributed_epoch needs splits this pipeline cannot give
     │   ├── PipelineSerializationError (TypeError)   cloudpickle could not serialize a pipeline
-    │   └── DataLossError                 a corrupted or truncated record file
+    │   ├── DataLossError                 a corrupted or truncated record file
+    │   ├── InvalidArgumentError (ValueError)   a value the pipeline met is invalid (TF's InvalidArgumentError)
+    │   └── OutOfRangeError (StopIteration)     ``get_next()`` past the end of a dataset
     ├── CatalogueError                    naming a dataset of the catalogue (dataservice.catalogue)
     │   ├── DatasetNotFoundError (ValueError)      no builder, and nothing prepared, by that name
     │   └── UnsupportedVersionError (ValueError)   no supported (or prepared) version matches the request
@@ -23,7 +25,9 @@ The tree::
             └── VersionSkewError          ... its Python, cloudpickle, numpy or dataservice differs
 
 Wrong arguments to a public function raise plain ``ValueError``/``TypeError``
-naming the argument; they are not part of this tree.
+naming the argument — except where tf.data raises ``InvalidArgumentError`` (an
+out-of-range size or count of a transformation, ``Dataset.range``'s step 0):
+there ``InvalidArgumentError``, which is a ``ValueError`` too.
 
 Transport errors (``grpc.RpcError``) never escape: the client boundary
 translates them into one of the classes above with ``raise ... from exc``.
@@ -45,10 +49,12 @@ __all__ = [
     "DataLossError",
     "DataServiceError",
     "DatasetNotFoundError",
+    "InvalidArgumentError",
     "InvalidRequestError",
     "MissingModuleError",
     "NotFoundError",
     "NotSplittableError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "PipelineError",
     "PipelineSerializationError",
@@ -85,6 +91,16 @@ class DataLossError(PipelineError):
         super().__init__(message)
         self.filename = filename
         self.offset = offset
+
+
+class InvalidArgumentError(PipelineError, ValueError):
+    """A value met while running a pipeline is invalid (TensorFlow raises ``tf.errors.InvalidArgumentError``
+    there): e.g. a fixed-length record file whose body is not a whole number of records."""
+
+
+class OutOfRangeError(PipelineError, StopIteration):
+    """``iterator.get_next()`` was called past the end of the dataset; as a StopIteration it also ends a
+    Python loop."""
 
 
 class CatalogueError(DataServiceError):

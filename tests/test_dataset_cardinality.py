@@ -4,8 +4,11 @@ tf.data's rules (its kernels' CardinalityInternal): a known count propagates
 through element-wise transformations; filter, take_while, unique, interleave,
 flat_map and from_generator are unknown whatever their input; repeat() of any
 non-empty input is infinite, even of an unknown one; skip and batch keep an
-infinite or unknown input's value. unbatch is unknown for a known input here:
-tf derives it from a static batch dimension, which numpy pipelines do not have.
+infinite or unknown input's value. unbatch multiplies a known count by the batch
+size its input's element_spec gives (from_tensors of a known shape, batch with
+drop_remainder=True), and is unknown when the spec has none. take(n) with any
+negative n is take(-1) (tf.data says min(count, n) there: a negative number that
+is no count).
 """
 
 import numpy as np
@@ -66,6 +69,8 @@ CASES = [
     ("padded_batch", lambda ds: ds.padded_batch(4), 3, INF, UNK),
     ("padded_batch_drop", lambda ds: ds.padded_batch(4, drop_remainder=True), 2, INF, UNK),
     ("unbatch", lambda ds: ds.batch(2).unbatch(), UNK, INF, UNK),
+    ("unbatch_drop_remainder", lambda ds: ds.batch(2, drop_remainder=True).unbatch(), 10, INF, UNK),
+    ("unbatch_drop_remainder_3", lambda ds: ds.batch(3, drop_remainder=True).unbatch(), 9, INF, UNK),
     ("shuffle", lambda ds: ds.shuffle(4, seed=1), 10, INF, UNK),
     ("repeat_3", lambda ds: ds.repeat(3), 30, INF, UNK),
     ("repeat_0", lambda ds: ds.repeat(0), 0, 0, 0),
@@ -73,9 +78,12 @@ CASES = [
     ("take_3", lambda ds: ds.take(3), 3, 3, UNK),
     ("take_20", lambda ds: ds.take(20), 10, 20, UNK),
     ("take_all", lambda ds: ds.take(-1), 10, INF, UNK),
+    ("take_negative", lambda ds: ds.take(-5), 10, INF, UNK),
     ("skip_3", lambda ds: ds.skip(3), 7, INF, UNK),
     ("skip_20", lambda ds: ds.skip(20), 0, INF, UNK),
     ("skip_all", lambda ds: ds.skip(-1), 0, INF, UNK),
+    ("skip_negative", lambda ds: ds.skip(-4), 0, INF, UNK),
+    ("repeat_negative", lambda ds: ds.repeat(-3), INF, INF, INF),
     ("take_while", lambda ds: ds.take_while(lambda x: True), UNK, UNK, UNK),
     ("shard_3_0", lambda ds: ds.shard(3, 0), 4, INF, UNK),
     ("shard_3_2", lambda ds: ds.shard(3, 2), 3, INF, UNK),
@@ -83,6 +91,7 @@ CASES = [
     ("flat_map", lambda ds: ds.flat_map(lambda x: Dataset.from_tensors(x)), UNK, UNK, UNK),
     ("interleave", lambda ds: ds.interleave(lambda x: Dataset.from_tensors(x), cycle_length=2), UNK, UNK, UNK),
     ("prefetch", lambda ds: ds.prefetch(2), 10, INF, UNK),
+    ("prefetch_0", lambda ds: ds.prefetch(0), 10, INF, UNK),
     ("cache", lambda ds: ds.cache(), 10, INF, UNK),
     ("unique", lambda ds: ds.unique(), UNK, UNK, UNK),
     ("apply", lambda ds: ds.apply(lambda d: d.take(4)), 4, 4, UNK),
@@ -131,3 +140,15 @@ def test_shard_cardinality_matches_iteration():
             for index in range(shards):
                 ds = Dataset.range(n).shard(shards, index)
                 assert ds.cardinality() == len(list(ds)), (n, shards, index)
+
+
+def test_unbatch_cardinality_from_the_static_batch_size():
+    assert Dataset.from_tensors(np.arange(6).reshape(3, 2)).unbatch().cardinality() == 3
+    assert Dataset.from_tensors(np.zeros((3, 2))).repeat(2).unbatch().cardinality() == 6
+    both = Dataset.zip((Dataset.from_tensors(np.zeros((3, 2))), Dataset.range(3).batch(3)))
+    assert both.unbatch().cardinality() == 3  # one component's size is enough
+    assert Dataset.from_tensors(np.zeros((0, 2))).unbatch().cardinality() == UNK  # as tf.data
+    # A spec that needs an element (map without output_signature) gives no batch size; nothing runs.
+    calls = []
+    lazy = Dataset.range(6).batch(2, drop_remainder=True).map(lambda b: calls.append(b) or b).unbatch()
+    assert lazy.cardinality() == UNK and calls == []

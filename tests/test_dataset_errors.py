@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dataservice
-from dataservice import Dataset
+from dataservice import Dataset, errors
 
 
 class ParseError(Exception):
@@ -120,14 +120,10 @@ def test_a_pipeline_can_be_iterated_again_after_an_error():
     (lambda: Dataset.range(5).padded_batch(0), "batch_size"),
     (lambda: Dataset.range(5).shuffle(0), "buffer_size"),
     (lambda: Dataset.range(5).shuffle(-1), "buffer_size"),
-    (lambda: Dataset.range(5).shuffle(4, seed=-1), "seed"),
-    (lambda: Dataset.range(5).repeat(-2), "count"),
-    (lambda: Dataset.range(5).take(-2), "count"),
-    (lambda: Dataset.range(5).skip(-3), "count"),
+    (lambda: Dataset.range(5).shuffle(-3), "buffer_size"),
     (lambda: Dataset.range(5).shard(0, 0), "num_shards"),
     (lambda: Dataset.range(5).shard(2, 2), "index"),
     (lambda: Dataset.range(5).shard(2, -1), "index"),
-    (lambda: Dataset.range(5).prefetch(0), "buffer_size"),
     (lambda: Dataset.range(5).prefetch(-5), "buffer_size"),
     (lambda: Dataset.range(5).map(lambda x: x, num_parallel_calls=0), "num_parallel_calls"),
     (lambda: Dataset.range(5).map(lambda x: x, num_parallel_calls=-3), "num_parallel_calls"),
@@ -136,10 +132,38 @@ def test_a_pipeline_can_be_iterated_again_after_an_error():
     (lambda: Dataset.range(5).interleave(Dataset.from_tensors, cycle_length=2, num_parallel_calls=0),
      "num_parallel_calls"),
     (lambda: dataservice.shuffle_and_repeat(0), "buffer_size"),
-    (lambda: dataservice.shuffle_and_repeat(4, count=-2), "count"),
-    (lambda: dataservice.shuffle_and_repeat(4, seed=-2), "seed"),
 ])
-def test_wrong_values_raise_value_error_naming_the_argument(build, argument):
+def test_wrong_values_raise_invalid_argument_error_naming_the_argument(build, argument):
+    # tf.data's InvalidArgumentError, which is a ValueError here.
+    with pytest.raises(errors.InvalidArgumentError, match=argument):
+        build()
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Dataset.range(5).shuffle(4, seed=-1),
+    lambda: Dataset.range(5).shuffle(-2),
+    lambda: Dataset.range(5).repeat(-2),
+    lambda: Dataset.range(5).take(-2),
+    lambda: Dataset.range(5).skip(-3),
+    lambda: Dataset.range(5).prefetch(0),
+    lambda: Dataset.range(5).prefetch(-1),
+    lambda: dataservice.shuffle_and_repeat(4, count=-2),
+    lambda: dataservice.shuffle_and_repeat(4, seed=-2),
+])
+def test_values_tensorflow_accepts_are_accepted(build):
+    assert build() is not None
+
+
+@pytest.mark.parametrize("build, argument", [
+    (lambda: Dataset.range(5).map(3), "map_func"),
+    (lambda: Dataset.range(5).filter(None), "predicate"),
+    (lambda: Dataset.range(5).take_while("x"), "predicate"),
+    (lambda: Dataset.range(5).flat_map(None), "map_func"),
+    (lambda: Dataset.range(5).interleave(None), "map_func"),
+    (lambda: Dataset.range(5).reduce(0, None), "reduce_func"),
+])
+def test_functions_that_are_not_callable_raise_value_error(build, argument):
+    # ValueError, as tf.data's "Argument `func` must be a callable".
     with pytest.raises(ValueError, match=argument):
         build()
 
@@ -150,9 +174,8 @@ def test_wrong_values_raise_value_error_naming_the_argument(build, argument):
     (lambda: Dataset.range(5).take("3"), "count"),
     (lambda: Dataset.range(5).shuffle(None), "buffer_size"),
     (lambda: Dataset.range(5).enumerate(start=1.5), "start"),
-    (lambda: Dataset.range(5).filter(None), "predicate"),
-    (lambda: Dataset.range(5).take_while("x"), "predicate"),
-    (lambda: Dataset.range(5).flat_map(None), "map_func"),
+    (lambda: Dataset.range(5).shuffle(4, seed=1.5), "seed"),
+    (lambda: Dataset.range(5).prefetch(1.5), "buffer_size"),
 ])
 def test_wrong_types_raise_type_error_naming_the_argument(build, argument):
     with pytest.raises(TypeError, match=argument):

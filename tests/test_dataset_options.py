@@ -65,15 +65,17 @@ def test_options_validation():
     o = Options()
     with pytest.raises(AttributeError, match="no option"):
         o.experimental_foo = 1
-    with pytest.raises(ValueError, match="deterministic"):
+    with pytest.raises(TypeError, match="deterministic"):  # tf.data's kinds: TypeError for a type
         o.deterministic = "yes"
+    with pytest.raises(TypeError, match="private_threadpool_size"):
+        o.threading.private_threadpool_size = 1.5
     with pytest.raises(ValueError, match="private_threadpool_size"):
         o.threading.private_threadpool_size = 0
     with pytest.raises(ValueError, match="max_intra_op_parallelism"):
         o.threading.max_intra_op_parallelism = -1
     with pytest.raises(AttributeError):
         o.threading.foo = 1
-    with pytest.raises(ValueError, match="threading"):
+    with pytest.raises(TypeError, match="threading"):
         o.threading = {"private_threadpool_size": 2}
     o.threading = ThreadingOptions(private_threadpool_size=2)
     assert o.threading.private_threadpool_size == 2
@@ -195,3 +197,68 @@ def test_explicit_deterministic_argument_overrides_the_option():
 def test_autotune_parallelism_with_options():
     ds = Dataset.range(100).map(lambda x: x + 1, num_parallel_calls=AUTOTUNE).with_options(options(pool=3))
     assert list(ds) == list(range(1, 101))
+
+
+# --- issue 16: tf.data's spellings, equality, read-only options() ------------------------------
+
+def test_experimental_spellings_name_the_same_options():
+    o = Options()
+    o.experimental_deterministic = False
+    o.experimental_threading.private_threadpool_size = 3
+    assert o.deterministic is False and o.threading.private_threadpool_size == 3
+    assert o.experimental_threading is o.threading
+    o.experimental_threading = ThreadingOptions(max_intra_op_parallelism=2)
+    assert o.threading.max_intra_op_parallelism == 2 and o.threading.private_threadpool_size is None
+
+
+def test_equality_compares_values_and_options_are_unhashable():
+    a, b = options(deterministic=False, pool=4), Options()
+    b.experimental_deterministic = False
+    b.experimental_threading.private_threadpool_size = 4
+    assert a == b and not a != b
+    assert a != Options() and Options() == Options() and (a == 5) is False
+    with pytest.raises(TypeError):
+        hash(a)
+
+
+def test_options_returned_by_a_dataset_refuse_changes():
+    ds = Dataset.range(3).with_options(options(deterministic=False))
+    with pytest.raises(ValueError, match="with_options"):
+        ds.options().deterministic = True
+    with pytest.raises(ValueError, match="with_options"):
+        ds.options().experimental_threading.private_threadpool_size = 2
+    assert ds.options().deterministic is False
+    copy = ds.options().merge(Options())  # a merge is a new, changeable Options
+    copy.deterministic = True
+    assert copy.deterministic is True and ds.options().deterministic is False
+
+
+def test_merge_refuses_what_is_not_options():
+    with pytest.raises(TypeError, match="Options"):
+        Options().merge({"deterministic": False})
+
+
+def test_options_absent_from_tf_data_are_refused_not_ignored():
+    o = Options()
+    for name in ("experimental_optimization", "experimental_slack", "autotune", "experimental_external_state_policy"):
+        with pytest.raises(AttributeError, match="no option"):
+            setattr(o, name, None)
+    with pytest.raises(AttributeError, match="no option"):
+        o.experimental_distribute.auto_shard_policy = 1
+
+
+def test_deterministic_false_lets_a_slow_element_be_overtaken():
+    # The option acts: with it, a parallel map yields finished elements while the first is still running.
+    release = threading.Event()
+
+    def f(x):
+        if x == 0:
+            assert release.wait(WAIT)
+        return x
+
+    o = Options()
+    o.experimental_deterministic = False
+    it = iter(Dataset.range(4).map(f, num_parallel_calls=4).with_options(o))
+    first = [next(it) for _ in range(3)]
+    release.set()
+    assert sorted(first) == [1, 2, 3] and list(it) == [0]

@@ -209,3 +209,10 @@ def test_a_copy_starts_at_the_first_epoch(tmp_path):
     assert after == before
     assert dataset_fingerprint(after) == dataset_fingerprint(before)
     assert values(deserialize_dataset(after)) == first_epoch
+
+
+def test_registered_cardinality_of_bytes_that_are_no_pipeline_is_unknown():
+    from dataservice.data.dataset import UNKNOWN_CARDINALITY
+    from dataservice.data.serialization import registered_cardinality
+
+    assert registered_cardinality(b"\xff\xff not a PipelineDef") == UNKNOWN_CARDINALITY

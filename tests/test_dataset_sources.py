@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from dataservice import Dataset
+from dataservice import Dataset, TensorSpec
+from dataservice.errors import InvalidArgumentError
 from tests.elements import values
 from dataservice.data import sources
 
@@ -49,12 +50,24 @@ def test_range_longer_than_one_chunk_is_complete_and_ordered():
 
 
 def test_range_rejects_bad_arguments():
+    # tf.data's kinds of error: TypeError for a non-int, ValueError for no arguments (or None),
+    # InvalidArgumentError for step 0.
     with pytest.raises(TypeError, match="stop"):
         Dataset.range(2.5)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="1 to 3 arguments"):
         Dataset.range()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 to 3 arguments"):
+        Dataset.range(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="stop"):
+        Dataset.range(None)
+    with pytest.raises(InvalidArgumentError, match="step"):
         Dataset.range(0, 10, 0)
+    with pytest.raises(InvalidArgumentError, match="output_type"):
+        Dataset.range(3, output_type=bytes)
+    with pytest.raises(InvalidArgumentError, match="output_type"):
+        Dataset.range(3, output_type=np.bool_)
+    with pytest.raises(TypeError, match="disagree"):
+        Dataset.range(3, output_type=np.int32, dtype=np.int64)
 
 
 def test_iteration_protocol():
@@ -226,8 +239,9 @@ def test_list_files_sorted_str_paths(file_tree):
 def test_list_files_several_patterns(file_tree):
     paths = list(Dataset.list_files([str(file_tree / "*.csv"), str(file_tree / "a.*")]))
     assert paths == [str(file_tree / "a.txt"), str(file_tree / "e.csv")]
-    # Overlapping patterns list a file once.
-    assert len(list(Dataset.list_files([str(file_tree / "*.py"), str(file_tree / "b.*")]))) == 3
+    # Overlapping patterns list a file once per pattern that matches it, as tf.data (recorded in
+    # tests/fixtures/tf_parity/sources.json, list_files_count).
+    assert len(list(Dataset.list_files([str(file_tree / "*.py"), str(file_tree / "b.*")]))) == 4
     # As tf.data, one pattern without matches is fine while another matches.
     paths = list(Dataset.list_files([str(file_tree / "*.nothing"), str(file_tree / "*.csv")]))
     assert paths == [str(file_tree / "e.csv")]
@@ -311,3 +325,57 @@ def test_len_of_finite_and_unknown_and_infinite():
     with pytest.raises(TypeError, match="unknown"):
         len(Dataset.from_generator(lambda: iter([1])))
     assert bool(Dataset.range(0))  # truth never falls back to len()
+
+
+# --- issue 16: range(output_type=), from_generator's declarations and args ----------------------
+
+def test_range_output_type():
+    assert [x.tolist() for x in Dataset.range(2, 5, output_type=np.int32)] == [2, 3, 4]
+    assert Dataset.range(2, 5, output_type=np.int32).element_spec.dtype == np.int32
+    values = list(Dataset.range(1, 5, 2, output_type=np.float32))
+    assert values == [1.0, 3.0] and all(type(v) is np.float32 for v in values)
+    assert list(Dataset.range(3, dtype=np.int16)) == [0, 1, 2]  # the older keyword stays
+    assert [int(x) for x in Dataset.range(250, 260, output_type=np.int8)] == [-6, -5, -4, -3, -2, -1, 0, 1, 2, 3]
+    big = Dataset.range(10_000, output_type=np.int32)  # several splits: each cast
+    assert big.num_source_splits() > 1 and all(type(x) is np.int32 for x in big.read_split(1))
+
+
+def test_from_generator_converts_by_tf_data_rules():
+    # output_types alone (unknown shape): Python literals only where nothing is lost.
+    assert [type(x) for x in Dataset.from_generator(lambda: iter([1, 2]), np.int32)] == [np.int32, np.int32]
+    assert list(Dataset.from_generator(lambda: iter([np.float64(1.5)]), np.int32)) == [1]
+    for bad, dtype in ((1.5, np.int32), (2, np.bool_), ("a", np.int32), (1, "string"), (None, np.int32)):
+        with pytest.raises(InvalidArgumentError, match="cannot be converted"):
+            list(Dataset.from_generator(lambda: iter([bad]), dtype))
+    # A known shape: numpy's casts, then the shape is checked.
+    known = Dataset.from_generator(lambda: iter([1.7, "4"]), output_signature=TensorSpec((), np.int32))
+    assert list(known) == [1, 4]
+    with pytest.raises(InvalidArgumentError, match=r"shape \(3,\) where the output_types says \(2,\)"):
+        list(Dataset.from_generator(lambda: iter([[1, 2, 3]]), np.int32, [2]))
+    # Structure: a list is not a tuple (tf.nest's rule); a tuple for a single component is an array.
+    with pytest.raises(InvalidArgumentError, match="structure"):
+        list(Dataset.from_generator(lambda: iter([[1, 2]]), (np.int32, np.int32)))
+    assert [x.tolist() for x in Dataset.from_generator(lambda: iter([(1, 2)]), np.int32)] == [[1, 2]]
+
+
+def test_from_generator_args_are_numpy_values():
+    seen = []
+
+    def gen(n, name, values):
+        seen.append((type(n), type(name), type(values)))
+        yield from range(int(n))
+
+    ds = Dataset.from_generator(gen, np.int64, args=[3, "x", [1, 2]])
+    assert list(ds) == [0, 1, 2]
+    assert seen == [(np.int64, str, np.ndarray)]
+    with pytest.raises(TypeError, match="args must be a tuple or list"):
+        Dataset.from_generator(gen, np.int64, args=3)
+    with pytest.raises(ValueError, match=r"args\[0\] is None"):
+        Dataset.from_generator(gen, np.int64, args=(None,))
+
+
+def test_list_files_keeps_a_file_two_patterns_match(tmp_path):
+    for name in ("a.txt", "b.txt", "a.py"):
+        (tmp_path / name).write_bytes(b"")
+    files = list(Dataset.list_files([str(tmp_path / "*.txt"), str(tmp_path / "a.*")]))
+    assert [os.path.basename(f) for f in files] == ["a.py", "a.txt", "a.txt", "b.txt"]

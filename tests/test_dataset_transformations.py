@@ -48,7 +48,8 @@ def test_map_returns_tuple_then_next_map_unpacks_it():
 
 
 def test_map_requires_callable():
-    with pytest.raises(TypeError, match="map_func"):
+    # ValueError, as tf.data ("Argument `func` must be a callable").
+    with pytest.raises(ValueError, match="map_func"):
         Dataset.range(3).map(3)
 
 
@@ -166,7 +167,15 @@ def test_unbatch_inverts_batch_with_structure():
 
 def test_unbatch_of_scalars_is_an_error():
     with pytest.raises(ValueError, match="unbatch"):
-        list(Dataset.range(3).unbatch())
+        Dataset.range(3).unbatch()  # at construction, as tf.data
+    lazy = Dataset.range(3).map(lambda x: x).unbatch()  # the spec needs an element: refused when iterated
+    with pytest.raises(ValueError, match="unbatch"):
+        list(lazy)
+
+
+def test_unbatch_of_different_batch_sizes_is_refused_at_construction():
+    with pytest.raises(ValueError, match="leading dimensions differ"):
+        Dataset.zip((Dataset.from_tensors(np.zeros((3, 2))), Dataset.from_tensors(np.zeros(4)))).unbatch()
 
 
 # --- shuffle ---------------------------------------------------------------------------
@@ -356,9 +365,9 @@ def test_interleave_with_empty_inner_datasets():
 
 def test_interleave_rejects_bad_lengths():
     fn = lambda x: Dataset.from_tensors(x)  # noqa: E731
-    with pytest.raises(ValueError, match="cycle_length"):
+    with pytest.raises(dataservice.errors.InvalidArgumentError, match="cycle_length"):
         Dataset.range(3).interleave(fn, cycle_length=0)
-    with pytest.raises(ValueError, match="block_length"):
+    with pytest.raises(dataservice.errors.InvalidArgumentError, match="block_length"):
         Dataset.range(3).interleave(fn, cycle_length=2, block_length=0)
 
 
@@ -369,6 +378,15 @@ def test_prefetch():
     assert values(Dataset.range(100).map(lambda x: x * 2).prefetch(dataservice.AUTOTUNE)) == \
         [2 * i for i in range(100)]
     assert values(Dataset.range(0).prefetch(1)) == []
+
+
+def test_prefetch_zero_reads_on_the_consumer_thread():
+    # As tf.data, prefetch(0) prefetches nothing: no thread, the input's iterator itself.
+    before = set(threading.enumerate())
+    it = iter(Dataset.range(10 ** 9).prefetch(0))
+    assert next(it) == 0
+    assert not [t for t in threading.enumerate() if t not in before and t.name == "dataservice-prefetch"]
+    assert values(Dataset.range(3).prefetch(0)) == [0, 1, 2]
 
 
 def test_prefetch_stops_its_thread_when_abandoned():
@@ -395,6 +413,164 @@ def test_unique():
     assert values(u) == values(u) == [0, 1, 2]
 
 
-def test_unique_rejects_non_scalar_elements():
-    with pytest.raises(TypeError, match="unique"):
-        list(Dataset.from_tensor_slices(np.zeros((2, 2))).unique())
+def test_unique_refuses_other_dtypes_at_construction():
+    # As tf.data: int32, int64 and string only, refused when the pipeline is built.
+    for data in (np.zeros((2, 2)), np.ones(3), np.array([True, False]), np.array([1, 2], np.int16)):
+        with pytest.raises(TypeError, match="unique"):
+            Dataset.from_tensor_slices(data).unique()
+    with pytest.raises(dataservice.errors.InvalidArgumentError, match="single component"):
+        Dataset.zip((Dataset.range(2), Dataset.range(2))).unique()
+
+
+def test_unique_of_vectors_compares_whole_tensors():
+    ds = Dataset.from_tensor_slices(np.array([[1, 2], [1, 2], [2, 1], [1, 2]])).unique()
+    assert values(ds) == [[1, 2], [2, 1]]
+    strings = Dataset.from_tensor_slices(np.array([["a", "b"], ["a", "b"], ["b", "a"]])).unique()
+    assert values(strings) == [["a", "b"], ["b", "a"]]
+
+
+def test_unique_over_a_lazy_spec_checks_the_first_element():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return x / 2
+
+    ds = Dataset.range(4).map(f).unique()  # the spec needs an element: nothing runs yet
+    assert calls == []
+    with pytest.raises(TypeError, match="float64"):
+        list(ds)
+    assert values(Dataset.range(4).map(lambda x: x % 2).unique()) == [0, 1]
+
+
+# --- what tf.data accepts and refuses (issue 16) --------------------------------------
+
+def test_every_negative_count_means_all():
+    assert values(Dataset.range(5).take(-7)) == [0, 1, 2, 3, 4]
+    assert Dataset.range(5).take(-7).cardinality() == 5
+    assert values(Dataset.range(5).skip(-7)) == []
+    assert values(Dataset.range(2).repeat(-3).take(5)) == [0, 1, 0, 1, 0]
+    assert Dataset.range(2).repeat(-3).cardinality() == dataservice.INFINITE_CARDINALITY
+    assert values(dataservice.shuffle_and_repeat(2, count=-5, seed=1)(Dataset.range(2)).take(6)) != []
+
+
+def test_skip_everything_reads_nothing():
+    # As tf.data: skip(-1) is empty at once, even over an infinite input, and never calls the input.
+    pulled = []
+
+    def gen():
+        for i in range(3):
+            pulled.append(i)
+            yield i
+
+    assert values(Dataset.from_generator(gen).skip(-1)) == []
+    assert pulled == []
+    assert values(Dataset.range(3).repeat().skip(-1).take(2)) == []
+
+
+def test_shuffle_takes_any_int64_seed():
+    def order(seed):
+        return values(Dataset.range(50).shuffle(50, seed=seed, reshuffle_each_iteration=False))
+
+    assert sorted(order(-3)) == list(range(50))
+    assert order(-3) == order(-3)
+    assert order(-3) != order(3)  # not the same seed as its absolute value
+
+
+def test_shuffle_buffer_unknown_cardinality_buffers_the_whole_input():
+    # -2 (UNKNOWN_CARDINALITY) buffers everything, as tf.data: the last element can come out first.
+    firsts = {values(Dataset.range(20).shuffle(dataservice.UNKNOWN_CARDINALITY, seed=s))[0] for s in range(40)}
+    assert max(firsts) >= 10
+    assert sorted(values(Dataset.range(20).shuffle(-2))) == list(range(20))
+
+
+def _vectors(dtype):
+    return Dataset.from_generator(lambda: iter([np.full(n, n, dtype) for n in (1, 2, 3)]),
+                                  output_signature=dataservice.TensorSpec([None], dtype))
+
+
+def test_padded_batch_refuses_a_padding_value_of_another_dtype_at_construction():
+    for dtype, value in ((np.int64, -1.5), (np.int64, np.int32(-1)), (np.int32, np.int64(-1)),
+                         (np.float64, np.float32(1)), (np.float32, 1), (np.int64, b"x")):
+        with pytest.raises(TypeError, match="does not match the dtype"):
+            _vectors(dtype).padded_batch(2, padding_values=value)
+    with pytest.raises(ValueError, match="scalars"):
+        _vectors(np.int64).padded_batch(2, padding_values=np.array([1, 2]))
+
+
+def test_padded_batch_python_literals_fit_any_width():
+    # Python literals have no width here (they are 64-bit, TensorFlow's are 32-bit): an int pads any
+    # integer component, a float any floating one.
+    assert values(_vectors(np.int32).padded_batch(3, padding_values=-1))[0][0] == [1, -1, -1]
+    assert values(_vectors(np.int64).padded_batch(3, padding_values=-1))[0][0] == [1, -1, -1]
+    batch = next(iter(_vectors(np.float32).padded_batch(3, padding_values=0.5)))
+    assert batch.dtype == np.float32 and batch[0].tolist() == [1.0, 0.5, 0.5]
+
+
+def test_padded_batch_over_a_lazy_spec_checks_the_first_batch():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return np.full([x], x)
+
+    ds = Dataset.range(1, 4).map(f).padded_batch(2, padding_values=-1.5)
+    assert calls == []  # building it ran nothing
+    with pytest.raises(TypeError, match="does not match the dtype int64"):
+        list(ds)
+    assert values(Dataset.range(1, 3).map(f).padded_batch(2, padding_values=-1)) == [[[1, -1], [2, 2]]]
+
+
+def test_concatenate_refuses_other_structures_and_dtypes_at_construction():
+    a = Dataset.range(3)
+    for other in (Dataset.zip((a, a)), Dataset.from_tensor_slices(["x"]),
+                  Dataset.from_tensor_slices(np.arange(2, dtype=np.int32))):
+        with pytest.raises(TypeError, match="Incompatible dataset elements"):
+            a.concatenate(other)
+    # Shapes may differ: the spec is the most specific one both fit.
+    assert a.batch(2).concatenate(a).element_spec == dataservice.TensorSpec(None, np.int64)
+
+
+def test_concatenate_over_a_lazy_spec_checks_the_first_elements():
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return x.astype(np.int32)
+
+    ds = Dataset.range(3).concatenate(Dataset.range(3).map(f))
+    assert calls == []  # building it ran nothing
+    it = iter(ds)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(TypeError, match="Incompatible dataset elements"):
+        next(it)
+    same = Dataset.range(2).map(lambda x: x + 1).concatenate(Dataset.range(2))
+    assert values(same) == [1, 2, 0, 1]
+
+
+def test_zip_errors_are_tensorflows():
+    with pytest.raises(TypeError, match="at least one dataset"):
+        Dataset.zip()
+    with pytest.raises(dataservice.errors.InvalidArgumentError, match="empty structure"):
+        Dataset.zip(())
+    with pytest.raises(TypeError, match="not both"):
+        Dataset.zip(Dataset.range(2), datasets=Dataset.range(3))
+    assert values(Dataset.zip(datasets=(Dataset.range(2), Dataset.range(3)))) == [(0, 0), (1, 1)]
+
+
+def test_reduce_refuses_a_function_that_is_not_callable_before_reading():
+    pulled = []
+
+    def gen():
+        pulled.append(1)
+        yield 1
+
+    with pytest.raises(ValueError, match="reduce_func"):
+        Dataset.from_generator(gen).reduce(np.int64(0), 5)
+    assert pulled == []
+
+
+def test_unique_keeps_the_spec():
+    ds = Dataset.from_tensor_slices(np.array([[1, 2], [1, 2]], np.int32)).unique()
+    assert ds.element_spec == dataservice.TensorSpec((2,), np.int32)
+    assert Dataset.from_tensor_slices([b"a", b"a"]).unique().element_spec == dataservice.TensorSpec((), "string")

@@ -21,6 +21,7 @@ from dataservice import (Dataset, FixedLengthRecordDataset, Options, SqlDataset,
                          TFRecordDataset, TFRecordWriter, distribute, from_dataset_id, register_dataset,
                          shuffle_and_repeat)
 from dataservice.data import specs
+from dataservice.errors import InvalidArgumentError
 from dataservice.data.serialization import registered_element_spec, serialize_dataset
 from dataservice.data.specs import string
 from dataservice.proto import pipeline_pb2
@@ -198,12 +199,13 @@ def test_from_generator_mismatches_name_the_component():
     def pairs():
         yield 1, b"x"
 
-    with pytest.raises(TypeError, match=r"component \[1\] \(bytes\) cannot be converted to the "
-                                        r"output_signature's dtype int64"):
+    # InvalidArgumentError (a ValueError), as tf.data raises for what a generator yields (issue 16).
+    with pytest.raises(InvalidArgumentError, match=r"component \[1\] \(bytes\) cannot be converted to the "
+                                                   r"output_signature's dtype int64"):
         list(Dataset.from_generator(pairs, output_signature=(INT64, INT64)))
-    with pytest.raises(TypeError, match="does not match the output_signature's structure"):
+    with pytest.raises(InvalidArgumentError, match="does not match the output_signature's structure"):
         list(Dataset.from_generator(pairs, output_signature=INT64))
-    with pytest.raises(TypeError, match="does not match the output_signature's structure"):
+    with pytest.raises(InvalidArgumentError, match="does not match the output_signature's structure"):
         list(Dataset.from_generator(pairs, output_signature={"a": INT64, "b": STRING}))
 
 
@@ -306,11 +308,10 @@ def test_map_errors_name_the_map():
     lambda ds: ds.shard(2, 1),
     lambda ds: ds.prefetch(4),
     lambda ds: ds.cache(),
-    lambda ds: ds.unique(),
     lambda ds: ds.with_options(Options()),
     lambda ds: ds.apply(shuffle_and_repeat(4, seed=1)),
 ], ids=["filter", "shuffle", "repeat", "repeat()", "take", "skip", "take_while", "shard", "prefetch", "cache",
-        "unique", "with_options", "shuffle_and_repeat"])
+        "with_options", "shuffle_and_repeat"])
 def test_transformations_that_keep_the_spec(transform):
     source = Dataset.from_tensor_slices((np.zeros((6, 2), np.float32), [b"a"] * 6))
     assert transform(source).element_spec == (TensorSpec((2,), np.float32), STRING)
@@ -478,9 +479,19 @@ def test_registration_never_runs_the_pipeline():
         registered_element_spec(serialize_dataset(ds))
 
 
+class _SpecRaises(Dataset):
+    """A source whose spec cannot be computed (as a pipeline whose element_spec raises)."""
+
+    def _iterator(self, ctx):
+        return iter(())
+
+    def _element_spec(self):
+        raise TypeError("no spec for this source")
+
+
 def test_static_spec_of_a_pipeline_whose_spec_raises_is_unknown_with_the_reason():
-    spec, why = specs.static_element_spec(Dataset.range(3).concatenate(Dataset.from_tensors(b"x")))
-    assert spec is None and why.startswith("TypeError: Incompatible dataset elements")
+    spec, why = specs.static_element_spec(_SpecRaises().take(3))
+    assert spec is None and why == "TypeError: no spec for this source"
 
 
 @pytest.mark.parametrize("spec", [

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from dataservice.data import (UNKNOWN_CARDINALITY, AUTOTUNE, Dataset, FixedLengthRecordDataset, SqlDataset,
-                              TextLineDataset, TFRecordDataset, TFRecordWriter)
+                              TensorSpec, TextLineDataset, TFRecordDataset, TFRecordWriter)
 from dataservice.data.serialization import deserialize_dataset, serialize_dataset
-from dataservice.errors import DataLossError, NotSplittableError
+from dataservice.errors import DataLossError, InvalidArgumentError, NotSplittableError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord")
 with open(os.path.join(FIXTURES, "records.json")) as _f:
@@ -448,7 +448,8 @@ def test_fixed_length_header_footer(tmp_path, compression, buffer_size):
 def test_fixed_length_bad_size_uncompressed_raises_before_any_record(tmp_path):
     path = _text_file(tmp_path, b"H" + b"abcdefg" + b"F")
     got = []
-    with pytest.raises(DataLossError, match="record_bytes") as info:
+    # InvalidArgumentError, as TensorFlow: the file's size does not fit the arguments.
+    with pytest.raises(InvalidArgumentError, match="record_bytes") as info:
         for record in FixedLengthRecordDataset(path, 3, header_bytes=1, footer_bytes=1):
             got.append(record)
     assert path in str(info.value) and info.value.filename == path
@@ -469,7 +470,9 @@ def test_fixed_length_bad_size_compressed(tmp_path, compression):
 @pytest.mark.parametrize("compression", [None, "GZIP"])
 def test_fixed_length_file_shorter_than_header_and_footer(tmp_path, compression):
     path = _text_file(tmp_path, b"abc", compression)
-    with pytest.raises(DataLossError) as info:
+    # Uncompressed, the size is known up front (InvalidArgumentError, as TensorFlow); compressed, the
+    # stream is found short at its end (DataLossError).
+    with pytest.raises(DataLossError if compression else InvalidArgumentError) as info:
         list(FixedLengthRecordDataset(path, 1, header_bytes=2, footer_bytes=2, compression_type=compression))
     assert path in str(info.value)
 
@@ -598,3 +601,40 @@ def test_readers_package_exports():
     assert set(readers.__all__) == {"FixedLengthRecordDataset", "SqlDataset", "TFRecordDataset",
                                     "TFRecordWriter", "TextLineDataset"}
 
+
+
+# --- issue 16: TFRecordWriter.write(dataset), readers of no files -------------------------------
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_writer_writes_a_dataset_and_finishes_the_file(tmp_path, compression):
+    path = str(tmp_path / "d.tfrecord")
+    writer = TFRecordWriter(path, compression)
+    writer.write(Dataset.from_tensor_slices([b"a", b"bc"]).concatenate(Dataset.from_tensor_slices(["d"])))
+    # Readable at once, with the writer still referenced: write(dataset) finished the file.
+    assert list(TFRecordDataset(path, compression_type=compression)) == [b"a", b"bc", b"d"]
+    writer.write(Dataset.from_tensor_slices([b"only"]))  # a second dataset rewrites the file
+    assert list(TFRecordDataset(path, compression_type=compression)) == [b"only"]
+
+
+def test_writer_refuses_a_dataset_of_anything_but_scalar_strings(tmp_path):
+    path = str(tmp_path / "d.tfrecord")
+    writer = TFRecordWriter(path)
+    for ds in (Dataset.range(3), Dataset.from_tensor_slices([[b"a"], [b"b"]]),
+               Dataset.from_tensor_slices(([b"a"], [b"b"]))):
+        with pytest.raises(TypeError, match="scalar strings"):
+            writer.write(ds)
+    with pytest.raises(TypeError, match="expects bytes"):
+        writer.write([b"a"])
+    unknown = Dataset.from_generator(lambda: iter([b"x", np.zeros(2)]), output_signature=TensorSpec(None, "string"))
+    with pytest.raises(InvalidArgumentError):
+        writer.write(unknown)
+
+
+def test_readers_of_no_files_are_empty():
+    for ds in (TFRecordDataset([]), TextLineDataset([]), FixedLengthRecordDataset([], 4),
+               TFRecordDataset(np.array([], dtype=str))):
+        assert list(ds) == [] and ds.num_source_splits() == 0
+    with pytest.raises(TypeError, match="filenames must be paths"):
+        TFRecordDataset([5])
+    with pytest.raises(ValueError, match="got None"):
+        TFRecordDataset(None)

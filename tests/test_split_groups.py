@@ -171,12 +171,15 @@ def test_the_registered_count_decides():
 
 def test_split_group_size_option_is_checked():
     opts = Options()
-    for bad in (0, -1, 2.5, True, "4"):
-        with pytest.raises(ValueError, match="split_group_size must be a positive int or None"):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="split_group_size must be >= 1 or None"):
+            opts.experimental_distribute.split_group_size = bad
+    for bad in (2.5, True, "4"):  # a wrong type is a TypeError, as in tf.data.Options
+        with pytest.raises(TypeError, match="split_group_size must be an int or None"):
             opts.experimental_distribute.split_group_size = bad
     with pytest.raises(AttributeError, match="DistributeOptions has no option 'auto_shard'"):
         opts.experimental_distribute.auto_shard = 1
-    with pytest.raises(ValueError, match="experimental_distribute must be a DistributeOptions"):
+    with pytest.raises(TypeError, match="experimental_distribute must be a DistributeOptions"):
         opts.experimental_distribute = 4
     opts.experimental_distribute = DistributeOptions(split_group_size=2)
     later = Options()

@@ -14,14 +14,18 @@ from dataservice.data.readers import (FixedLengthRecordDataset, SqlDataset, Text
 from dataservice.data.saved import load, save
 from dataservice.data.serialization import dataset_fingerprint, deserialize_dataset, serialize_dataset
 from dataservice.data.snapshots import snapshot
-from dataservice.data.specs import TensorSpec
+from dataservice.data.iterators import Optional
+from dataservice.data.specs import DatasetSpec, TensorSpec
 from dataservice.data.transformations import shuffle_and_repeat
+from dataservice.data import experimental  # noqa: E402  (after the names it builds on)
 
 __all__ = [
     "AUTOTUNE",
     "Dataset",
+    "DatasetSpec",
     "FixedLengthRecordDataset",
     "INFINITE_CARDINALITY",
+    "Optional",
     "Options",
     "SqlDataset",
     "TFRecordDataset",
@@ -31,6 +35,7 @@ __all__ = [
     "ThreadingOptions",
     "UNKNOWN_CARDINALITY",
     "dataset_fingerprint",
+    "experimental",
     "deserialize_dataset",
     "load",
     "save",

@@ -181,6 +181,11 @@ class Dataset:
     # --- iteration ---------------------------------------------------------------
     def _root_iterator(self, split_provider: Optional[Iterator[int]], split_hint: Optional[int] = None) -> Iterator:
         ctx = IteratorContext(options=self.options(), split_provider=split_provider, split_hint=split_hint)
+        stats = ctx.options.experimental_stats
+        if stats.latency_all_edges and stats.aggregator is not None:  # else: not one step more per element
+            from dataservice.data import stats as stats_module
+
+            return _ClosingIterator(stats_module.instrumented_iterator(self, ctx), ctx, self)
         return _ClosingIterator(self._iterator(ctx), ctx, self)
 
     def __iter__(self) -> Iterator:
@@ -205,7 +210,15 @@ class Dataset:
         return f"<{self._describe()}>"
 
     def reduce(self, initial_state: Any, reduce_func: Callable) -> Any:
-        """Folds the dataset into one value: ``reduce_func(state, element)``."""
+        """Folds the dataset into one value: ``reduce_func(state, element)``.
+
+        Example::
+
+            >>> int(Dataset.range(5).reduce(np.int64(0), lambda state, x: state + x))
+            10
+        """
+        if not callable(reduce_func):  # ValueError before reading anything, as tf.data
+            raise ValueError(f"reduce_func must be callable, got {reduce_func!r}")
         state = initial_state
         for element in self:
             state = reduce_func(state, element)
@@ -240,7 +253,7 @@ class Dataset:
         merged = Options()
         for node in self._inputs():
             merged = merged.merge(node.options())
-        return merged
+        return merged.read_only()  # as tf.data: setting an option on it would have no effect, so it raises
 
     def with_options(self, options: Options) -> "Dataset":
         """Returns this pipeline with ``options`` set (later settings win)."""
@@ -250,11 +263,21 @@ class Dataset:
 
     # --- sources -----------------------------------------------------------------
     @staticmethod
-    def range(*args: int, dtype: Any = None) -> "Dataset":
-        """``range(stop)`` or ``range(start, stop[, step])`` of int64 scalars."""
+    def range(*args: int, output_type: Any = None, dtype: Any = None, name: Optional[str] = None) -> "Dataset":
+        """``range(stop)`` or ``range(start, stop[, step])``: scalars of ``output_type`` (int64 by default;
+        any integer or floating-point dtype; ``dtype=`` is the same). ``name`` is accepted as tf.data's
+        and unused. ValueError without arguments or with more than 3, InvalidArgumentError for step 0.
+
+        Example::
+
+            >>> list(Dataset.range(1, 5, 2, output_type=np.float32))
+            [np.float32(1.0), np.float32(3.0)]
+        """
         from dataservice.data import sources
 
-        return sources.RangeDataset(*args, dtype=dtype)
+        if dtype is not None and output_type is not None and dtype != output_type:
+            raise TypeError(f"Dataset.range(): output_type={output_type!r} and dtype={dtype!r} disagree; give one")
+        return sources.RangeDataset(*args, output_type=output_type if output_type is not None else dtype)
 
     @staticmethod
     def from_tensor_slices(tensors: Any) -> "Dataset":
@@ -306,13 +329,24 @@ class Dataset:
         return saved.load(path, element_spec=element_spec, compression=compression, reader_func=reader_func)
 
     @staticmethod
-    def zip(*datasets: Any) -> "Dataset":
-        """Zips datasets (or a nested tuple/dict of them); stops at the shortest."""
+    def zip(*args: Any, datasets: Any = None) -> "Dataset":
+        """Zips datasets (or a nested tuple/dict of them); stops at the shortest.
+
+        Example::
+
+            >>> [tuple(map(int, e)) for e in Dataset.zip(Dataset.range(3), Dataset.range(1, 3))]
+            [(0, 1), (1, 2)]
+        """
         from dataservice.data import transformations as t
 
+        # TypeError for no argument and for both forms, as tf.data.
+        if args and datasets is not None:
+            raise TypeError("Dataset.zip takes datasets as *args or as datasets=, not both")
+        if not args and datasets is None:
+            raise TypeError("Dataset.zip needs at least one dataset")
         # As tf.data, a single argument is the structure itself: zip(a) yields a's
         # elements as they are, zip((a,)) yields 1-tuples.
-        structure = datasets[0] if len(datasets) == 1 else datasets
+        structure = datasets if datasets is not None else args[0] if len(args) == 1 else args
         return t.ZipDataset(structure)
 
     # --- transformations ---------------------------------------------------------
@@ -438,6 +472,42 @@ class Dataset:
 
         return t.UniqueDataset(self)
 
+    def window(self, size: int, shift: Optional[int] = None, stride: int = 1,
+               drop_remainder: bool = False) -> "Dataset":
+        """A dataset of windows: each a finite dataset of ``size`` elements (fewer at the end unless
+        ``drop_remainder``), taking every ``stride``-th element, a window starting every ``shift``
+        elements (default ``size``). For nested elements a window is the same nesting of datasets, one
+        per component, as tf.data's. Sizes must be positive (``errors.InvalidArgumentError``).
+
+        Example::
+
+            >>> [list(w.as_numpy_iterator()) for w in Dataset.range(7).window(3, 1, 2, True)]
+            [[0, 2, 4], [1, 3, 5], [2, 4, 6]]
+            >>> [b.tolist() for b in Dataset.range(5).window(2, 1, drop_remainder=True).flat_map(lambda w: w.batch(2))]
+            [[0, 1], [1, 2], [2, 3], [3, 4]]
+        """
+        from dataservice.data import windows
+
+        return windows.WindowDataset(self, size, shift, stride, drop_remainder)
+
+    def group_by_window(self, key_func: Callable[..., int], reduce_func: Callable[[Any, "Dataset"], "Dataset"],
+                        window_size: Optional[int] = None,
+                        window_size_func: Optional[Callable[[Any], int]] = None) -> "Dataset":
+        """Groups elements by ``key_func`` (an integer per element); when a key's group holds
+        ``window_size`` elements (or ``window_size_func(key)``), yields the elements of
+        ``reduce_func(key, window)``, ``window`` being a dataset of the group. At the end of the input
+        the unfinished groups are reduced too, in increasing key order, as in tf.data.
+
+        Example::
+
+            >>> ds = Dataset.range(10).group_by_window(lambda x: x % 2, lambda k, w: w.batch(3), window_size=3)
+            >>> [b.tolist() for b in ds]
+            [[0, 2, 4], [1, 3, 5], [6, 8], [7, 9]]
+        """
+        from dataservice.data import windows
+
+        return windows.GroupByWindowDataset(self, key_func, reduce_func, window_size, window_size_func)
+
     def apply(self, transformation_func: Callable[["Dataset"], "Dataset"]) -> "Dataset":
         """Returns ``transformation_func(self)``; chains custom transformations."""
         result = transformation_func(self)
@@ -461,6 +531,41 @@ class _ClosingIterator:
 
     def __iter__(self) -> "_ClosingIterator":
         return self
+
+    # tf.data.Iterator's methods. ``for`` and ``next()`` never go through them: ``__next__`` is the
+    # inner iterator's own (plain StopIteration at the end, as TensorFlow's ``next()``).
+    def get_next(self) -> Any:
+        """The next element; ``errors.OutOfRangeError`` at the end (a StopIteration too, so it ends a loop).
+
+        Example::
+
+            >>> it = iter(Dataset.range(2))
+            >>> it.get_next(), it.get_next()
+            (0, 1)
+        """
+        try:
+            return self.__next__()
+        except StopIteration:
+            from dataservice.errors import OutOfRangeError
+
+            raise OutOfRangeError("End of sequence") from None
+
+    def get_next_as_optional(self) -> Any:
+        """The next element in a ``dataservice.data.Optional``, one without a value at the end.
+
+        Example::
+
+            >>> it = iter(Dataset.from_tensors(42))
+            >>> it.get_next_as_optional().get_value(), it.get_next_as_optional().has_value()
+            (42, False)
+        """
+        from dataservice.data.iterators import Optional as _Optional
+
+        try:
+            value = self.__next__()
+        except StopIteration:
+            return _Optional(spec_source=self._dataset)
+        return _Optional(value, spec_source=self._dataset)
 
     @property
     def element_spec(self) -> Any:
@@ -590,7 +695,7 @@ def _group_profile(node: Dataset) -> tuple[Optional[float], int]:
     """(elements per split at ``node``'s output, None where unknown; splits a group needs for the
     interleaves and shuffles at or below ``node`` to span splits). Only the nodes that read the
     split provider count: datasets built inside an interleave's function read none."""
-    from dataservice.data import cache, sources, specs
+    from dataservice.data import cache, experimental, sources, specs
     from dataservice.data import transformations as t
 
     if isinstance(node, sources.SplittableSource):
@@ -603,7 +708,9 @@ def _group_profile(node: Dataset) -> tuple[Optional[float], int]:
     need = max((wanted for _, wanted in profiles), default=1)
     sizes = [size for size, _ in profiles]
     size = min(sizes) if sizes and None not in sizes else None
-    if isinstance(node, t.ShuffleDataset):
+    if isinstance(node, t.ShuffleDataset) and node._buffer_size == UNKNOWN_CARDINALITY:
+        need = max(need, node._num_splits())  # shuffle(-2) buffers its whole input: as many splits as capped
+    elif isinstance(node, t.ShuffleDataset):
         need = max(need, math.ceil(node._buffer_size / (size or ASSUMED_SPLIT_ELEMENTS)))
     elif isinstance(node, t.InterleaveDataset):
         cycle = AUTOTUNE_CYCLE_SPLITS if node._cycle_length == AUTOTUNE else node._cycle_length
@@ -616,6 +723,6 @@ def _group_profile(node: Dataset) -> tuple[Optional[float], int]:
     elif not isinstance(node, (t.MapDataset, t.FilterDataset, t.RepeatDataset, t.TakeDataset, t.SkipDataset,
                                t.TakeWhileDataset, t.EnumerateDataset, t.PrefetchDataset, t.UniqueDataset,
                                t._OptionsDataset, t.ZipDataset, t.ConcatenateDataset, cache.CacheDataset,
-                               specs.DeclaredSpecDataset)):
+                               specs.DeclaredSpecDataset, experimental._StatsDataset)):
         size = None  # unbatch, or a node this estimate does not know
     return size, need

@@ -1,19 +1,27 @@
 """Pipeline options, after ``tf.data.Options``.
 
+Every option here acts; tf.data's others (``experimental_optimization``, ``experimental_slack``,
+``autotune``, ...) are absent, so setting one raises AttributeError rather than being ignored.
+``experimental_deterministic`` and ``experimental_threading`` are tf.data's older spellings of
+``deterministic`` and ``threading`` (the same option, read and set through either name).
+
 Example::
 
     >>> opts = Options()
-    >>> opts.deterministic = False
+    >>> opts.experimental_deterministic = False       # the same as opts.deterministic = False
     >>> opts.threading.private_threadpool_size = 4
     >>> opts.experimental_distribute.split_group_size = 8   # distributed_epoch: 8 splits per group
     >>> ds = Dataset.range(10).map(f, num_parallel_calls=AUTOTUNE).with_options(opts)
+    >>> ds.options() == opts
+    True
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["AUTOTUNE", "DistributeOptions", "Options", "ThreadingOptions", "default_parallelism"]
 
@@ -29,86 +37,196 @@ def default_parallelism() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@dataclasses.dataclass
-class ThreadingOptions:
-    """Threads a pipeline may use.
+def _check_positive_int(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or None, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+
+class _OptionsGroup:
+    """What Options and its groups share: only declared options can be set (an unknown name raises
+    AttributeError, never being silently kept), each checked by ``_check``; tf.data's older
+    spellings (``_ALIASES``) name the same option; ``==`` compares values (dataclass); ``merge``
+    takes the other's value wherever it differs from the default; a read-only copy (what
+    ``Dataset.options()`` returns) refuses changes with ValueError, as tf.data does, since a change
+    there would have no effect.
+
+    A new option is one dataclass field (a value, or a group: an ``_OptionsGroup`` made by its
+    ``default_factory``) and, if its values need checking, a case in ``_check``.
+    """
+
+    _ALIASES: dict = {}
+
+    def _check(self, name: str, value: Any) -> None:
+        """Raises TypeError/ValueError for a bad ``value`` of option ``name``."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: the older spellings.
+        target = type(self)._ALIASES.get(name)
+        if target is None:
+            raise AttributeError(f"{type(self).__name__} has no option {name!r}")
+        return getattr(self, target)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        name = type(self)._ALIASES.get(name, name)
+        if self.__dict__.get("_read_only"):
+            raise ValueError(
+                f"cannot set {type(self).__name__}.{name}: these are the options Dataset.options() returned, and "
+                "changing them would have no effect. Set options with Dataset.with_options(options).")
+        field = self._fields().get(name)
+        if field is None:
+            known = ", ".join(sorted(self._fields()) + sorted(type(self)._ALIASES))
+            raise AttributeError(f"{type(self).__name__} has no option {name!r} (its options: {known})")
+        default = _default(field)
+        if isinstance(default, _OptionsGroup) and not isinstance(value, type(default)):
+            raise TypeError(f"{name} must be a {type(default).__name__}, got {type(value).__name__}")
+        self._check(name, value)
+        object.__setattr__(self, name, value)
+
+    @classmethod
+    def _fields(cls) -> dict:
+        return {f.name: f for f in dataclasses.fields(cls)}
+
+    def _merged(self, other: "_OptionsGroup") -> "_OptionsGroup":
+        out = copy.copy(self)
+        out.__dict__.pop("_read_only", None)
+        for name, field in self._fields().items():
+            mine, theirs, default = getattr(self, name), getattr(other, name), _default(field)
+            if isinstance(default, _OptionsGroup):
+                value = mine._merged(theirs)
+            else:
+                value = theirs if theirs != default else mine
+            object.__setattr__(out, name, value)
+        return out
+
+    def _frozen(self) -> "_OptionsGroup":
+        out = copy.copy(self)
+        for name, field in self._fields().items():
+            if isinstance(_default(field), _OptionsGroup):
+                object.__setattr__(out, name, getattr(self, name)._frozen())
+        object.__setattr__(out, "_read_only", True)
+        return out
+
+    def __getstate__(self) -> dict:
+        # A read-only copy pickles as a plain one: the flag is not part of the options' value.
+        state = dict(self.__dict__)
+        state.pop("_read_only", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+@dataclasses.dataclass(eq=True)
+class ThreadingOptions(_OptionsGroup):
+    """Threads a pipeline may use (``Options.threading``, or ``Options.experimental_threading``).
 
     ``private_threadpool_size``: the most threads the whole pipeline runs user
     functions on at once (None: the number of cores).
     ``max_intra_op_parallelism``: the most of those one transformation may
     use at once (None: no cap beyond its own ``num_parallel_calls``).
+
+    Example::
+
+        >>> opts = Options()
+        >>> opts.experimental_threading.private_threadpool_size = 10
+        >>> opts.threading.private_threadpool_size
+        10
     """
 
     private_threadpool_size: Optional[int] = None
     max_intra_op_parallelism: Optional[int] = None
 
-    def __setattr__(self, name: str, value) -> None:
-        if name not in ("private_threadpool_size", "max_intra_op_parallelism"):
-            raise AttributeError(f"ThreadingOptions has no option {name!r}")
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        super().__setattr__(name, value)
+    def _check(self, name: str, value: Any) -> None:
+        _check_positive_int(name, value)
 
 
-@dataclasses.dataclass
-class DistributeOptions:
+@dataclasses.dataclass(eq=True)
+class DistributeOptions(_OptionsGroup):
     """How the service runs a pipeline (``Options.experimental_distribute``, after tf.data's).
 
     ``split_group_size``: in distributed_epoch, the least number of consecutive source splits a
     worker runs the pipeline over together — the unit of recovery after a worker loss (see
     ``Dataset.split_groups``). None: derived from the pipeline (interleave cycles, shuffle buffers).
+    tf.data's ``auto_shard_policy`` and ``num_devices`` are absent (sharding is the dispatcher's).
+
+    Example::
+
+        >>> opts = Options()
+        >>> opts.experimental_distribute.split_group_size = 8
     """
 
     split_group_size: Optional[int] = None
 
-    def __setattr__(self, name: str, value) -> None:
-        if name != "split_group_size":
-            raise AttributeError(f"DistributeOptions has no option {name!r}")
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        super().__setattr__(name, value)
+    def _check(self, name: str, value: Any) -> None:
+        _check_positive_int(name, value)
 
 
-@dataclasses.dataclass
-class Options:
-    """Options for a pipeline, set with ``Dataset.with_options``.
+def _stats_options() -> "_OptionsGroup":
+    from dataservice.data.stats import StatsOptions
 
-    ``deterministic``: when False, parallel ``map`` and ``interleave`` whose own
-    ``deterministic`` argument is None may yield elements out of order to avoid
-    head-of-line blocking. None means True.
-    ``threading``: a ``ThreadingOptions``; ``experimental_distribute``: a ``DistributeOptions``.
+    return StatsOptions()
+
+
+@dataclasses.dataclass(eq=True)
+class Options(_OptionsGroup):
+    """Options for a pipeline, set with ``Dataset.with_options``, as ``tf.data.Options``.
+
+    ``deterministic`` (or ``experimental_deterministic``): when False, parallel ``map`` and
+    ``interleave`` whose own ``deterministic`` argument is None may yield elements out of order to
+    avoid head-of-line blocking. None means True.
+    ``threading`` (or ``experimental_threading``): a ``ThreadingOptions``.
+    ``experimental_distribute``: a ``DistributeOptions``.
+    ``experimental_stats``: a ``StatsOptions`` (``dataservice.data.experimental``): statistics.
+
+    ``a == b`` compares the values set; ``a.merge(b)`` is a new Options with ``b``'s settings
+    overriding ``a``'s (unset ones keep ``a``'s). ``Dataset.options()`` returns a read-only copy:
+    setting an option on it raises ValueError (it would have no effect); use ``with_options``.
+
+    Example::
+
+        >>> opts = Options()
+        >>> opts.experimental_deterministic = False
+        >>> Dataset.range(42).with_options(opts).options().deterministic
+        False
     """
+
+    _ALIASES = {"experimental_deterministic": "deterministic", "experimental_threading": "threading"}
 
     deterministic: Optional[bool] = None
     threading: ThreadingOptions = dataclasses.field(default_factory=ThreadingOptions)
     experimental_distribute: DistributeOptions = dataclasses.field(default_factory=DistributeOptions)
+    #: A ``dataservice.data.stats.StatsOptions`` (made on demand: that module builds on this one).
+    experimental_stats: Any = dataclasses.field(default_factory=_stats_options)
 
-    def __setattr__(self, name: str, value) -> None:
-        if name not in ("deterministic", "threading", "experimental_distribute"):
-            raise AttributeError(f"Options has no option {name!r}")
+    def _check(self, name: str, value: Any) -> None:
         if name == "deterministic" and value is not None and not isinstance(value, bool):
-            raise ValueError(f"deterministic must be a bool or None, got {value!r}")
-        if name == "threading" and not isinstance(value, ThreadingOptions):
-            raise ValueError("threading must be a ThreadingOptions")
-        if name == "experimental_distribute" and not isinstance(value, DistributeOptions):
-            raise ValueError("experimental_distribute must be a DistributeOptions")
-        super().__setattr__(name, value)
+            raise TypeError(f"deterministic must be a bool or None, got {value!r} ({type(value).__name__})")
 
-    def merge(self, other: "Options") -> "Options":
-        """A new Options with ``other``'s set values overriding this one's."""
-        def pick(a, b):
-            return b if b is not None else a
+    def merge(self, options: "Options") -> "Options":
+        """A new Options: ``options``' settings override this one's; what it leaves unset stays.
 
-        return Options(
-            deterministic=pick(self.deterministic, other.deterministic),
-            threading=ThreadingOptions(
-                private_threadpool_size=pick(self.threading.private_threadpool_size,
-                                             other.threading.private_threadpool_size),
-                max_intra_op_parallelism=pick(self.threading.max_intra_op_parallelism,
-                                              other.threading.max_intra_op_parallelism),
-            ),
-            experimental_distribute=DistributeOptions(
-                split_group_size=pick(self.experimental_distribute.split_group_size,
-                                      other.experimental_distribute.split_group_size),
-            ),
-        )
+        Example::
+
+            >>> a, b = Options(), Options()
+            >>> a.deterministic, b.threading.private_threadpool_size = False, 4
+            >>> merged = a.merge(b)
+            >>> merged.deterministic, merged.threading.private_threadpool_size
+            (False, 4)
+        """
+        if not isinstance(options, Options):
+            raise TypeError(f"Options.merge expects an Options, got {type(options).__name__}")
+        return self._merged(options)
+
+    def read_only(self) -> "Options":
+        """A copy that refuses changes (ValueError): what ``Dataset.options()`` hands out."""
+        return self._frozen()

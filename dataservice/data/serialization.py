@@ -43,7 +43,7 @@ from google.protobuf.message import DecodeError
 from dataservice import errors
 from dataservice.data import specs
 from dataservice.data.code_shipping import is_shipped_by_value, shipped_modules, source_digest
-from dataservice.data.dataset import Dataset
+from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset
 from dataservice.data.environment import describe_versions, differences, skew, versions
 from dataservice.errors import PipelineSerializationError
 from dataservice.proto import pipeline_pb2

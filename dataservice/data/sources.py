@@ -84,19 +84,58 @@ class SplittableSource(Dataset):
             yield from self.read_split(index % n if n else index)
 
 
+def _range_argument(name: str, value: Any) -> int:
+    """One of range()'s arguments as an int: ints, numpy integers (0-d arrays too) and bools, as tf.data takes."""
+    if value is None:
+        raise ValueError(f"Dataset.range() argument {name} must be an int, got None")
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if not isinstance(value, (int, np.integer)):  # bool is an int: tf.data takes True as 1
+        raise TypeError(f"Dataset.range() argument {name} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def _range_dtype(output_type: Any) -> np.dtype:
+    from dataservice.data import specs
+    from dataservice.errors import InvalidArgumentError
+
+    dtype = specs.as_dtype(output_type)
+    if dtype is specs.string or dtype.kind not in "iuf":
+        # tf.data accepts these and fails at the first element; refused here at once.
+        raise InvalidArgumentError(f"Dataset.range(): unsupported output_type {dtype}: it must be an integer or "
+                                   "floating-point dtype")
+    return dtype
+
+
 class RangeDataset(SplittableSource):
+    """``range(stop)`` / ``range(start, stop[, step])`` as scalars of ``output_type`` (int64 by default).
+
+    Example::
+
+        >>> list(RangeDataset(1, 5, 2, output_type=np.float32))
+        [np.float32(1.0), np.float32(3.0)]
+    """
+
     _op_name = "Dataset.range"
 
-    def __init__(self, *args: int, dtype: Any = None):
+    def __init__(self, *args: Any, output_type: Any = None):
+        from dataservice.errors import InvalidArgumentError
+
         if not 1 <= len(args) <= 3:
-            raise TypeError("range() takes 1 to 3 positional arguments: stop, or start, stop[, step]")
-        for name, value in zip(("start", "stop", "step") if len(args) > 1 else ("stop",), args):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                raise TypeError(f"range() argument {name} must be an int, got {value!r}")
-        r = range(*(int(a) for a in args))  # raises ValueError for step 0, as Python does
+            raise ValueError(f"Dataset.range() takes 1 to 3 arguments (stop, or start, stop[, step]), got {len(args)}")
+        names = ("start", "stop", "step") if len(args) > 1 else ("stop",)
+        values = [_range_argument(name, value) for name, value in zip(names, args)]
+        if len(values) == 3 and values[2] == 0:
+            raise InvalidArgumentError("Dataset.range(): step must be a non-zero integer")
+        r = range(*values)
         self._range = r
-        self._dtype = np.dtype(dtype or np.int64)
+        self._dtype = np.dtype(np.int64) if output_type is None else _range_dtype(output_type)
         self._split_size = split_size_for(len(r))
+
+    def _values(self, start: int, stop: int, step: int) -> np.ndarray:
+        # Computed as int64 and cast, as tf.data does: a narrower dtype wraps (int8: 250 is -6).
+        values = np.arange(start, stop, step, dtype=np.int64)
+        return values if self._dtype == np.int64 else values.astype(self._dtype)
 
     def _describe(self) -> str:
         r = self._range
@@ -115,7 +154,7 @@ class RangeDataset(SplittableSource):
 
     def read_split(self, index: int) -> Iterator:
         sub = self._range[index * self._split_size:(index + 1) * self._split_size]
-        return iter(np.arange(sub.start, sub.stop, sub.step, dtype=self._dtype))
+        return iter(self._values(sub.start, sub.stop, sub.step))
 
     def _read_all(self) -> Iterator:
         r = self._range
@@ -123,7 +162,7 @@ class RangeDataset(SplittableSource):
         for start in range(r.start, r.stop, chunk):
             stop = start + chunk
             stop = min(stop, r.stop) if r.step > 0 else max(stop, r.stop)
-            yield from np.arange(start, stop, r.step, dtype=self._dtype)
+            yield from self._values(start, stop, r.step)
 
 
 def _as_slices_leaf(value: Any) -> np.ndarray:
@@ -214,6 +253,23 @@ class TensorsDataset(Dataset):
         return iter((self._element,))
 
 
+def _generator_args(args: Any) -> tuple:
+    """from_generator's ``args`` as the generator receives them: numpy values, as tf.data passes them
+    (a Python int is an ``np.int64``, a float an ``np.float64``, a list an array; strings stay ``str``/
+    ``bytes``: the deliberate differences for literals and strings)."""
+    if args is None:
+        return ()
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"from_generator: args must be a tuple or list of values, got {type(args).__name__}")
+    out = []
+    for i, value in enumerate(args):
+        if value is None:
+            raise ValueError(f"from_generator: args[{i}] is None; each argument must be a value (a number, "
+                             "string or array)")
+        out.append(structure.normalize(value))
+    return tuple(out)
+
+
 class GeneratorDataset(Dataset):
     _op_name = "Dataset.from_generator"
 
@@ -221,7 +277,7 @@ class GeneratorDataset(Dataset):
         if not callable(generator):
             raise TypeError(f"from_generator expects a callable that returns an iterable, got {generator!r}")
         self._generator = generator
-        self._args = tuple(args) if args is not None else ()
+        self._args = _generator_args(args)
 
     def _describe(self) -> str:
         return f"Dataset.from_generator({getattr(self._generator, '__qualname__', self._generator)!r})"
@@ -244,13 +300,17 @@ class GeneratorDataset(Dataset):
             "from_tensor_slices or list_files.")
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        return map(structure.normalize, self._raw_elements(ctx))
+
+    def _raw_elements(self, ctx: IteratorContext) -> Iterator:
+        """What the generator yields, as it is: a declaration (output_types, output_signature) converts it
+        by tf.data's rules, which tell a Python int from a numpy one."""
         from dataservice.data.transformations import raise_user_error
 
         try:
             it = iter(self._generator(*self._args))
         except Exception as exc:
             raise_user_error(exc, self._describe())
-        normalize = structure.normalize
         while True:
             try:
                 value = next(it)
@@ -258,7 +318,7 @@ class GeneratorDataset(Dataset):
                 return
             except Exception as exc:
                 raise_user_error(exc, self._describe())
-            yield normalize(value)
+            yield value
 
 
 class FileListSource(SplittableSource):
@@ -268,17 +328,20 @@ class FileListSource(SplittableSource):
     """
 
     def __init__(self, filenames: Any):
+        if filenames is None:
+            raise ValueError(f"{self._op_name}: filenames must be a path, a list of paths or a dataset of them, "
+                             "got None")
         if isinstance(filenames, (str, bytes, os.PathLike)):
             filenames = [filenames]
         elif isinstance(filenames, Dataset):
             filenames = list(filenames)
         files = []
         for f in (filenames.tolist() if isinstance(filenames, np.ndarray) else filenames):
-            if isinstance(f, bytes):
-                f = f.decode()
-            files.append(os.fspath(f))
-        if not files:
-            raise ValueError("filenames must name at least one file")
+            if not isinstance(f, (str, bytes, os.PathLike)):
+                raise TypeError(f"{self._op_name}: filenames must be paths (str, bytes or os.PathLike), got "
+                                f"{f!r} ({type(f).__name__})")
+            files.append(os.fsdecode(f))
+        # No files is an empty dataset, as in tf.data.
         self._filenames = files
 
     def _describe(self) -> str:
@@ -301,9 +364,9 @@ class ListFilesDataset(SplittableSource):
     def __init__(self, file_pattern: Any, shuffle: bool = False, seed: Optional[int] = None):
         patterns = [file_pattern] if isinstance(file_pattern, (str, bytes, os.PathLike)) else list(file_pattern)
         patterns = [os.fsdecode(p) for p in patterns]
-        matches: set[str] = set()
+        matches: list[str] = []
         for pattern in patterns:
-            matches.update(glob.glob(pattern))
+            matches.extend(glob.glob(pattern))  # a file two patterns match comes twice, as in tf.data
         if not matches:
             # As tf.data: an error only when no pattern matches anything at all.
             shown = ", ".join(repr(p) for p in patterns)

@@ -41,9 +41,10 @@ import numpy as np
 
 from dataservice.data import structure
 from dataservice.data.dataset import Dataset, IteratorContext
-from dataservice.data.transformations import _UnaryDataset
+from dataservice.data import stats
+from dataservice.data.transformations import _OptionsDataset, _UnaryDataset
 
-__all__ = ["TensorSpec", "string", "as_dtype", "spec_from_value", "as_structure", "element_spec_of",
+__all__ = ["TensorSpec", "DatasetSpec", "string", "as_dtype", "spec_from_value", "as_structure", "element_spec_of",
            "static_element_spec", "first_element", "relaxed", "traced_spec", "returned_dataset_spec",
            "inspected_spec", "needs_element", "batched", "unbatched",
            "padded_batched", "concatenated", "declared", "with_generator_signature", "DeclaredSpecDataset",
@@ -225,6 +226,77 @@ class TensorSpec:
         return (TensorSpec, (self._shape, self._dtype, self._name))
 
 
+class DatasetSpec:
+    """The type of a component that is itself a dataset (a window of ``Dataset.window``, a dataset a
+    ``map`` returns), as ``tf.data.DatasetSpec``: the ``element_spec`` of that dataset.
+
+    Example::
+
+        >>> Dataset.range(7).window(2).element_spec
+        DatasetSpec(TensorSpec(shape=(), dtype=int64, name=None), TensorShape([]))
+        >>> Dataset.from_tensor_slices(([1, 2], [3, 4])).window(2).element_spec[1].element_spec
+        TensorSpec(shape=(), dtype=int64, name=None)
+    """
+
+    __slots__ = ("_element_spec", "_dataset_shape")
+
+    def __init__(self, element_spec: Any, dataset_shape: Any = ()):
+        self._element_spec = as_structure(element_spec, "DatasetSpec's element_spec")
+        self._dataset_shape = _as_shape(dataset_shape)
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of the dataset's elements."""
+        return self._element_spec
+
+    @property
+    def shape(self) -> Shape:
+        """``()`` for a dataset; ``(n,)`` or ``(None,)`` for a batch of them (``window(...).batch(n)``)."""
+        return self._dataset_shape
+
+    @classmethod
+    def from_value(cls, value: Dataset) -> "DatasetSpec":
+        """The spec of a dataset value."""
+        if not isinstance(value, Dataset):
+            raise TypeError(f"DatasetSpec.from_value takes a Dataset, got {type(value).__name__}")
+        return cls(value.element_spec)
+
+    def is_compatible_with(self, spec_or_value: Any) -> bool:
+        """Whether the other (a DatasetSpec or a Dataset) has elements of a compatible spec."""
+        other = DatasetSpec.from_value(spec_or_value) if isinstance(spec_or_value, Dataset) else spec_or_value
+        if not isinstance(other, DatasetSpec) or not _same_kind(self._element_spec, other._element_spec):
+            return False
+        return all(a.is_compatible_with(b) for a, b in zip(structure.flatten(self._element_spec),
+                                                           structure.flatten(other._element_spec)))
+
+    def most_specific_common_supertype(self, others: Sequence["DatasetSpec"]) -> Optional["DatasetSpec"]:
+        """The spec every one of ``self`` and ``others`` fits (leafwise), or None if there is none."""
+        if any(not isinstance(s, DatasetSpec) or not _same_kind(self._element_spec, s._element_spec)
+               for s in others):
+            return None
+        common = [a.most_specific_common_supertype(list(rest)) for a, *rest in zip(
+            structure.flatten(self._element_spec), *(structure.flatten(s._element_spec) for s in others))]
+        if any(c is None for c in common):
+            return None
+        return DatasetSpec(structure.pack_as(self._element_spec, common), self._dataset_shape)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DatasetSpec):
+            return NotImplemented
+        return self._dataset_shape == other._dataset_shape and _same_kind(self._element_spec, other._element_spec) \
+            and structure.flatten(self._element_spec) == structure.flatten(other._element_spec)
+
+    def __hash__(self) -> int:
+        return hash((self._dataset_shape, tuple(structure.flatten(self._element_spec))))
+
+    def __repr__(self) -> str:
+        shape = "TensorShape(None)" if self._dataset_shape is None else f"TensorShape({list(self._dataset_shape)})"
+        return f"DatasetSpec({self._element_spec!r}, {shape})"
+
+    def __reduce__(self):
+        return (DatasetSpec, (self._element_spec, self._dataset_shape))
+
+
 # --- specs of values ----------------------------------------------------------------------
 
 
@@ -240,9 +312,11 @@ def _array_dtype(array: np.ndarray) -> DType:
     return array.dtype
 
 
-def _leaf_spec(value: Any) -> TensorSpec:
+def _leaf_spec(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return TensorSpec(value.shape, _array_dtype(value))
+    if isinstance(value, Dataset):  # a window, a dataset a map returned: a DatasetSpec, as tf.data's
+        return DatasetSpec(value.element_spec)
     if isinstance(value, (bytes, str)):  # np.bytes_ and np.str_ too
         return TensorSpec((), string)
     if isinstance(value, np.generic):
@@ -267,7 +341,7 @@ def as_structure(value: Any, what: str = "element_spec") -> Any:
 
     Raises TypeError naming the first leaf that is not a spec.
     """
-    if isinstance(value, TensorSpec):
+    if isinstance(value, (TensorSpec, DatasetSpec)):
         return value
     if isinstance(value, tuple):
         items = [as_structure(v, what) for v in value]
@@ -360,6 +434,8 @@ def _fresh_copy(node: Dataset, memo: dict) -> Dataset:
         return memo[id(node)]
     clone = copy.copy(node)
     memo[id(node)] = clone
+    if isinstance(clone, _OptionsDataset):  # learning a spec is not a run of the pipeline: record no stats
+        clone._options = stats.without_aggregator(clone._options)
     attributes = getattr(clone, "__dict__", {})
     for name, value in list(attributes.items()):
         if isinstance(value, Dataset):
@@ -405,7 +481,8 @@ def relaxed(spec: Any) -> Any:
     """``spec`` with every dimension None: what one element tells of all (their structure, dtypes and
     ranks; not which dimensions vary)."""
     return structure.map_structure(
-        lambda s: TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
+        lambda s: s if isinstance(s, DatasetSpec) else  # a dataset's spec says all of it
+        TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
 
 
 def traced_spec(input_dataset: Dataset, fn: Callable, where: str) -> Any:
@@ -437,7 +514,8 @@ def inspected_spec(dataset: Dataset, why: str) -> Any:
 def batched(spec: Any, batch_size: Optional[int]) -> Any:
     """``spec`` with a leading dimension: ``batch_size`` (drop_remainder) or None."""
     return structure.map_structure(
-        lambda s: TensorSpec(None if s.shape is None else (batch_size,) + s.shape, s.dtype), spec)
+        lambda s: DatasetSpec(s.element_spec, (batch_size,) + s.shape) if isinstance(s, DatasetSpec) else
+        TensorSpec(None if s.shape is None else (batch_size,) + s.shape, s.dtype), spec)
 
 
 def unbatched(spec: Any, where: str) -> Any:
@@ -445,6 +523,8 @@ def unbatched(spec: Any, where: str) -> Any:
     def one(s: TensorSpec) -> TensorSpec:
         if s.shape == ():
             raise ValueError(f"{where}: cannot unbatch an input with scalar components (element_spec {spec})")
+        if isinstance(s, DatasetSpec):  # batched windows
+            return DatasetSpec(s.element_spec, s.shape[1:])
         return TensorSpec(None if s.shape is None else s.shape[1:], s.dtype)
 
     return structure.map_structure(one, spec)
@@ -454,6 +534,8 @@ def padded_batched(spec: Any, batch_size: Optional[int], padded_shapes: Any, whe
     """padded_batch's spec: the padded shape of each component (its input shape where none is given,
     None for a dimension padded to the batch's longest), after the batch dimension."""
     leaves = structure.flatten(spec)
+    if any(isinstance(s, DatasetSpec) for s in leaves):  # TypeError, as tf.data's
+        raise TypeError(f"{where}: padded_batch is not supported for datasets of datasets (windows)")
     if padded_shapes is None:
         targets: list = [None] * len(leaves)
     else:
@@ -480,6 +562,8 @@ def _same_kind(a: Any, b: Any) -> bool:
             _same_kind(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return set(a) == set(b) and all(_same_kind(a[k], b[k]) for k in a)
+    if isinstance(a, DatasetSpec) or isinstance(b, DatasetSpec):
+        return isinstance(a, DatasetSpec) and isinstance(b, DatasetSpec)
     return isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
 
 
@@ -636,15 +720,179 @@ def declared(dataset: Dataset, output_signature: Any, verb: str = "returned") ->
     return DeclaredSpecDataset(dataset, as_structure(output_signature, "output_signature"), verb)
 
 
+class _Unconvertible(Exception):
+    """A yielded component that cannot take its declared dtype (reported by _generator_conformer)."""
+
+
+_LITERAL_KINDS = ((bool, "bool"), (np.bool_, "bool"), (int, "int"), (np.integer, "int"), (float, "float"),
+                  (np.floating, "float"), (complex, "complex"), (np.complexfloating, "complex"),
+                  ((bytes, str), "str"))
+#: The Python literal kinds tf.data's convert_to_tensor takes for each kind of dtype.
+_LITERALS_FOR = {"b": {"bool"}, "i": {"bool", "int"}, "u": {"bool", "int"}, "f": {"bool", "int", "float"},
+                 "c": {"bool", "int", "float", "complex"}}
+
+
+def _literal_kinds(value: Any, kinds: set) -> set:
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _literal_kinds(v, kinds)
+        return kinds
+    for types, kind in _LITERAL_KINDS:
+        if isinstance(value, types):
+            kinds.add(kind)
+            return kinds
+    raise _Unconvertible()
+
+
+def _is_strings(array: np.ndarray) -> bool:
+    return array.dtype.kind in "SU" or (array.dtype.kind == "O" and all(isinstance(x, (bytes, str))
+                                                                        for x in array.flat))
+
+
+def _strict_component(value: Any, dtype: DType) -> Any:
+    """tf.data's conversion of a component declared with an unknown shape (TensorFlow's
+    convert_to_tensor): numpy values are cast (but never numbers to strings or back); Python literals
+    only where no information is lost: a float is no int, an int no bool, a number no string."""
+    if isinstance(value, (np.ndarray, np.generic)) and not isinstance(value, (np.bytes_, np.str_)):
+        array = np.asarray(value)
+        if (dtype is string) != _is_strings(array):
+            raise _Unconvertible()
+        if dtype is string:
+            return value
+        try:
+            return value if array.dtype == dtype else array.astype(dtype)[()]
+        except (TypeError, ValueError) as exc:
+            raise _Unconvertible() from exc
+    kinds = _literal_kinds(value, set())
+    if not kinds <= ({"str"} if dtype is string else _LITERALS_FOR.get(dtype.kind, set())):
+        raise _Unconvertible()
+    try:
+        if dtype is string:
+            return value if isinstance(value, (bytes, str)) else np.array(value, dtype=object)
+        return np.asarray(value).astype(dtype)[()]  # an int wraps into a narrower dtype, as in tf.data
+    except (TypeError, ValueError, OverflowError) as exc:  # a ragged list, an int beyond int64
+        raise _Unconvertible() from exc
+
+
+def _lax_component(value: Any, dtype: DType) -> Any:
+    """tf.data's conversion of a component with a known shape (numpy's ``asarray(value, dtype)``):
+    numpy's casts, so a float becomes an int and "3" the number 3."""
+    if dtype is string:
+        if isinstance(value, (bytes, str)):
+            return value
+        try:
+            array = np.asarray(value, dtype=object)
+        except (TypeError, ValueError) as exc:
+            raise _Unconvertible() from exc
+        if not all(isinstance(x, (bytes, str)) for x in array.flat):
+            raise _Unconvertible()
+        return array[()] if array.ndim == 0 else array
+    if type(value) is dtype.type:
+        return value
+    try:
+        try:
+            array = np.asarray(value, dtype=dtype)
+        except OverflowError:  # a Python int too large for dtype: wraps, as in tf.data
+            array = np.asarray(value).astype(dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _Unconvertible() from exc
+    return array[()] if array.ndim == 0 else array
+
+
+def _generator_conformer(spec: Any, describe: Callable[[], str], declared_by: str) -> Callable[[Any], Any]:
+    """A function making a yielded element match from_generator's declaration as tf.data does, or
+    raising InvalidArgumentError (tf.data's error there) naming the mismatch. tf.data converts a
+    component whose declared shape is unknown (``output_types`` alone, or ``TensorSpec(None, ...)``)
+    by TensorFlow's rules (``_strict_component``) and otherwise with numpy's casts
+    (``_lax_component``), then checks the shape."""
+    from dataservice.errors import InvalidArgumentError
+
+    strict = isinstance(spec, TensorSpec) and spec.shape is None
+
+    def fail(message: str, cause: Optional[BaseException] = None) -> InvalidArgumentError:
+        error = InvalidArgumentError(f"{describe()} yielded an element {message}")
+        error.__cause__ = cause
+        return error
+
+    def structure_error(element: Any) -> InvalidArgumentError:
+        return fail(f"that does not match the {declared_by}'s structure: expected {spec}, got {element!r}")
+
+    def leaf(s: TensorSpec, path: str) -> Callable[[Any, Any], Any]:
+        where = f"component {path}" if path else "value"
+        convert = _strict_component if strict else _lax_component
+
+        def conform(value: Any, element: Any) -> Any:
+            try:
+                out = convert(value, s.dtype)
+            except _Unconvertible as exc:
+                if isinstance(value, (tuple, dict)) and value is element:
+                    raise structure_error(element) from None
+                shown = f"{type(value).__name__} of dtype {value.dtype}" if isinstance(
+                    value, (np.ndarray, np.generic)) else type(value).__name__
+                raise fail(f"whose {where} ({shown}) cannot be converted to the {declared_by}'s dtype "
+                           f"{_dtype_repr(s.dtype)}: {value!r:.80}", exc.__cause__) from None
+            if s.shape is not None:
+                shape = out.shape if isinstance(out, (np.ndarray, np.generic)) else ()
+                if not _shapes_compatible(s.shape, shape):
+                    raise fail(f"whose {where} has shape {shape} where the {declared_by} says "
+                               f"{_shape_repr(s.shape)}")
+            return out
+        return conform
+
+    def node(s: Any, path: str) -> Callable[[Any, Any], Any]:
+        if isinstance(s, tuple):
+            parts = [node(v, f"{path}[{i}]") for i, v in enumerate(s)]
+            fields = getattr(s, "_fields", None)
+            make = type(s) if fields is not None else tuple
+
+            def conform_tuple(value: Any, element: Any) -> Any:
+                # tf.nest's rule: a tuple is not a list, a namedtuple needs the same fields.
+                if not isinstance(value, tuple) or len(value) != len(parts) or \
+                        getattr(value, "_fields", None) != fields:
+                    raise structure_error(element)
+                values = [f(v, element) for f, v in zip(parts, value)]
+                return make(*values) if fields is not None else tuple(values)
+            return conform_tuple
+        if isinstance(s, dict):
+            parts = {k: node(v, f"{path}[{k!r}]") for k, v in s.items()}
+
+            def conform_dict(value: Any, element: Any) -> Any:
+                if not isinstance(value, dict) or value.keys() != parts.keys():
+                    raise structure_error(element)
+                return {k: f(value[k], element) for k, f in parts.items()}
+            return conform_dict
+        return leaf(s, path)
+
+    top = node(spec, "")
+    return lambda element: top(element, element)
+
+
+class _YieldedSpecDataset(DeclaredSpecDataset):
+    """from_generator with a declaration: each yielded element converted and checked as tf.data does
+    (``_generator_conformer``); InvalidArgumentError for one that does not fit."""
+
+    def __init__(self, input_dataset: Dataset, spec: Any, declared_by: str):
+        super().__init__(input_dataset, spec, "yielded")
+        self._declared_by = declared_by
+
+    def _iterator(self, ctx: IteratorContext) -> Iterator:
+        # The generator's own values (its source's _raw_elements), not normalized ones: tf.data's rules
+        # tell a Python int from a numpy one.
+        raw = getattr(self._input, "_raw_elements", None)
+        return map(_generator_conformer(self._spec, self._input._describe, self._declared_by),
+                   raw(ctx) if raw is not None else self._input._iterator(ctx))
+
+
 def with_generator_signature(dataset: Dataset, output_types: Any, output_shapes: Any,
                              output_signature: Any) -> Dataset:
     """from_generator's declarations, as tf.data takes them: ``output_signature``, or ``output_types``
-    with optional ``output_shapes`` (unknown shapes where not given); none: the dataset as it is."""
+    with optional ``output_shapes`` (unknown shapes where not given); none: the dataset as it is (its
+    element_spec then comes from its first element: tf.data refuses that, TypeError)."""
     if output_signature is not None:
         if output_types is not None or output_shapes is not None:
             raise TypeError("from_generator: output_types and output_shapes must not be given with "
                             "output_signature")
-        return DeclaredSpecDataset(dataset, as_structure(output_signature, "output_signature"), "yielded")
+        return _YieldedSpecDataset(dataset, as_structure(output_signature, "output_signature"), "output_signature")
     if output_types is None:
         if output_shapes is not None:
             raise TypeError("from_generator: output_shapes needs output_types (or use output_signature)")
@@ -658,7 +906,7 @@ def with_generator_signature(dataset: Dataset, output_types: Any, output_shapes:
         leaves = [TensorSpec(s, t) for t, s in zip(types, shapes)]
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"from_generator: {exc}") from None
-    return DeclaredSpecDataset(dataset, structure.pack_as(output_types, leaves), "yielded")
+    return _YieldedSpecDataset(dataset, structure.pack_as(output_types, leaves), "output_types")
 
 
 # --- a spec on the wire: PipelineDef.element_spec, without TensorFlow ---------------------------

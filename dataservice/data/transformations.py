@@ -1,9 +1,13 @@
 """Transformation nodes: map, filter, batch, shuffle, repeat, interleave, ...
 
-Each node validates its arguments at construction (ValueError naming the
-argument), computes its cardinality the way tf.data does, and makes its
-iterator from its input's. Exceptions raised by user functions surface with
-their original type and message, chained, naming the transformation.
+Each node validates its arguments at construction, with the kind of error
+tf.data raises there (see ``ARGUMENT_ERRORS``), naming the argument; computes
+its cardinality the way tf.data does, and makes its iterator from its input's.
+Where tf.data checks an input's element_spec at construction (concatenate,
+padded_batch, unbatch, unique), so does the node when that spec is known without
+reading an element; otherwise it checks the first elements it meets. Exceptions
+raised by user functions surface with their original type and message, chained,
+naming the transformation.
 
 Example::
 
@@ -30,13 +34,33 @@ from dataservice.data.background import Pump
 from dataservice.data.dataset import (AUTOTUNE_CYCLE_SPLITS, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
                                       IteratorContext, _function_name)
 from dataservice.data.options import AUTOTUNE, Options, default_parallelism
+from dataservice.errors import InvalidArgumentError
 
 __all__ = [
     "MapDataset", "FilterDataset", "BatchDataset", "PaddedBatchDataset", "UnbatchDataset", "ShuffleDataset",
     "RepeatDataset", "TakeDataset", "SkipDataset", "TakeWhileDataset", "ShardDataset", "EnumerateDataset",
     "InterleaveDataset", "PrefetchDataset", "UniqueDataset", "ZipDataset", "ConcatenateDataset",
-    "raise_user_error", "shuffle_and_repeat",
+    "raise_user_error", "shuffle_and_repeat", "ARGUMENT_ERRORS",
 ]
+
+#: The kind of error a wrong argument gets, as tf.data's (TensorFlow 2.21, eager): what the README's table lists.
+ARGUMENT_ERRORS = {
+    "a count, size, seed or index that is not an int (e.g. take(1.5), batch('2'))": "TypeError",
+    "batch/padded_batch batch_size < 1; shuffle buffer_size < 1 (other than -2: the whole input)":
+        "InvalidArgumentError",
+    "prefetch buffer_size < -1; shard num_shards < 1 or index outside [0, num_shards)": "InvalidArgumentError",
+    "map/interleave num_parallel_calls, interleave cycle_length: 0 or < -1; block_length < 1":
+        "InvalidArgumentError",
+    "map/filter/flat_map/interleave/take_while/reduce with a function that is not callable": "ValueError",
+    "Dataset.zip() with no dataset, or with something other than datasets (a list included)": "TypeError",
+    "concatenate of datasets whose structures or dtypes differ": "TypeError",
+    "padded_batch padding_values of another dtype than its component": "TypeError",
+    "padded_batch padding_values that are not scalars; padded_shapes that do not fit": "ValueError",
+    "unbatch of scalar components, or of components whose leading dimensions differ": "ValueError",
+    "unique of elements that are not int32, int64 or string": "TypeError",
+    "unique of elements with several components": "InvalidArgumentError",
+    "apply with a function that does not return a Dataset": "TypeError",
+}
 
 
 def raise_user_error(exc: Exception, where: str) -> NoReturn:
@@ -56,26 +80,54 @@ def raise_user_error(exc: Exception, where: str) -> NoReturn:
     raise new from exc
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
+def _check_int(name: str, value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    # tf.data refuses these values when it builds the op: InvalidArgumentError (a ValueError here).
+    value = _check_int(name, value)
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_signed_count(name: str, value: Any) -> int:
+    """take/skip/repeat's count: as tf.data, every negative count means -1 (all, or forever)."""
+    return max(-1, _check_int(name, value))
 
 
 def _check_parallelism(name: str, value: Any) -> Optional[int]:
     if value is None:
         return None
-    if value == AUTOTUNE:
+    if _check_int(name, value) == AUTOTUNE:
         return AUTOTUNE
-    return _check_count(name, value, 1)
+    if value < 1:
+        raise InvalidArgumentError(f"{name} must be >= 1 or AUTOTUNE (-1), got {value}")
+    return int(value)
 
 
 def _check_callable(name: str, fn: Any) -> Callable:
+    # ValueError, as tf.data's "Argument `func` must be a callable".
     if not callable(fn):
-        raise TypeError(f"{name} must be callable, got {fn!r}")
+        raise ValueError(f"{name} must be callable, got {fn!r}")
     return fn
+
+
+def _static_spec(dataset: Dataset) -> Any:
+    """``dataset``'s element_spec when it is known without reading an element (else None): what a node
+    checks at construction, as tf.data does. A pipeline whose spec needs an element stays lazy."""
+    from dataservice.data import specs
+
+    return specs.static_element_spec(dataset)[0]
+
+
+def _spec_of(element: Any) -> Any:
+    from dataservice.data import specs
+
+    return specs.spec_from_value(element)
 
 
 class _UnaryDataset(Dataset):
@@ -105,7 +157,7 @@ class _OptionsDataset(_UnaryDataset):
         self._options = options
 
     def options(self) -> Options:
-        return self._input.options().merge(self._options)
+        return self._input.options().merge(self._options).read_only()
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         return self._input._iterator(ctx)
@@ -271,6 +323,15 @@ class PaddedBatchDataset(BatchDataset):
         super().__init__(input_dataset, batch_size, drop_remainder)
         self._padded_shapes = padded_shapes
         self._padding_values = padding_values
+        spec = _static_spec(input_dataset)
+        if spec is not None:  # as tf.data, at construction; otherwise on the first batch
+            self._check_against(spec)
+
+    def _check_against(self, spec: Any) -> None:
+        from dataservice.data import specs
+
+        specs.padded_batched(spec, None, self._padded_shapes, self._describe())  # ValueError: a shape that won't fit
+        _check_padding_values(spec, self._padding_values, self._describe())
 
     def _element_spec(self) -> Any:
         from dataservice.data import specs
@@ -279,16 +340,87 @@ class PaddedBatchDataset(BatchDataset):
                                     self._padded_shapes, self._describe())
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        from dataservice.data import specs
+
+        checked = _static_spec(self._input) is not None
         for chunk in self._batches(self._input._iterator(ctx)):
+            if not checked:
+                self._check_against(specs.relaxed(_spec_of(chunk[0])))
+                checked = True
             yield structure.pad_and_stack(chunk, self._padded_shapes, self._padding_values)
+
+
+def _padding_fits(value: Any, dtype: Any) -> bool:
+    """Whether a padding value has its component's dtype. A Python literal has no width of its own (Python
+    ints and floats are 64-bit here, where TensorFlow makes them 32-bit): an int fits any integer dtype, a
+    float any floating one. A numpy value must have the component's dtype itself, as in tf.data."""
+    from dataservice.data import specs
+
+    if dtype == specs.string:
+        if isinstance(value, (str, bytes)):
+            return True
+        array = np.asarray(value)
+        return array.dtype.kind in "SU" or (array.dtype.kind == "O" and isinstance(array.item(), (str, bytes)))
+    dtype = np.dtype(dtype)
+    if dtype.kind == "O":
+        return True  # a component of Python objects (which tf.data cannot hold): any value
+    if isinstance(value, bool):
+        return dtype == np.bool_
+    if isinstance(value, int):
+        return dtype.kind in "iu"
+    if isinstance(value, float):
+        return dtype.kind == "f"
+    return np.asarray(value).dtype == dtype
+
+
+def _padding_leaves(spec: Any, values: Any, where: str) -> list:
+    """``values`` (one value for every component, or a structure like the elements') per leaf of ``spec``."""
+    if not isinstance(values, (tuple, dict)):  # one value for every component (a list is one value too)
+        return [values] * len(structure.flatten(spec))
+    if isinstance(values, dict) != isinstance(spec, dict) or not isinstance(spec, (tuple, dict)):
+        raise TypeError(f"{where}: padding_values {values!r} do not match the structure of the elements: {spec}")
+    if isinstance(spec, dict):
+        if set(values) != set(spec):
+            raise ValueError(f"{where}: padding_values has the keys {sorted(values)}, the elements "
+                             f"{sorted(spec)}")
+        return [leaf for key in sorted(spec) for leaf in _padding_leaves(spec[key], values[key], where)]
+    if len(values) != len(spec):
+        raise ValueError(f"{where}: padding_values has {len(values)} components, the elements {len(spec)}")
+    return [leaf for s, v in zip(spec, values) for leaf in _padding_leaves(s, v, where)]
+
+
+def _check_padding_values(spec: Any, padding_values: Any, where: str) -> None:
+    """As tf.data: each padding value a scalar (ValueError) of its component's dtype (TypeError)."""
+    if padding_values is None:
+        return
+    for leaf, value in zip(structure.flatten(spec), _padding_leaves(spec, padding_values, where)):
+        if value is None:
+            continue  # that component's default
+        if np.ndim(value) != 0:
+            raise ValueError(f"{where}: padding_values must be scalars, got {value!r} of shape {np.shape(value)}")
+        if not _padding_fits(value, leaf.dtype):
+            raise TypeError(f"{where}: the padding value {value!r} ({type(value).__name__}) does not match the "
+                            f"dtype {leaf.dtype} of its component")
 
 
 class UnbatchDataset(_UnaryDataset):
     _op_name = "Dataset.unbatch"
 
+    def __init__(self, input_dataset: Dataset):
+        super().__init__(input_dataset)
+        spec = _static_spec(input_dataset)
+        if spec is not None:
+            _leading_dimension(spec, self._describe())  # as tf.data: scalars or differing batch sizes refused now
+
     def cardinality(self) -> int:
+        # As tf.data: the input's count times the batch size when its spec has one (from_tensors of a known
+        # shape, batch(..., drop_remainder=True)); a batch size of 0 or None leaves it unknown.
         n = self._input.cardinality()
-        return n if n == INFINITE_CARDINALITY else UNKNOWN_CARDINALITY
+        if n < 0:
+            return n
+        spec = _static_spec(self._input)
+        size = None if spec is None else _leading_dimension(spec, self._describe())
+        return n * size if size else UNKNOWN_CARDINALITY
 
     def _element_spec(self) -> Any:
         from dataservice.data import specs
@@ -301,14 +433,33 @@ class UnbatchDataset(_UnaryDataset):
             yield from unstack(x)
 
 
+def _leading_dimension(spec: Any, where: str) -> Optional[int]:
+    """The batch size an unbatch input's spec gives (its components' common leading dimension), or None.
+    ValueError for a scalar component or two different known sizes, as tf.data."""
+    sizes = set()
+    for leaf in structure.flatten(spec):
+        if leaf.shape is None:
+            continue
+        if leaf.shape == ():
+            raise ValueError(f"{where}: cannot unbatch an input with scalar components (element_spec {spec})")
+        if leaf.shape[0] is not None:
+            sizes.add(leaf.shape[0])
+    if len(sizes) > 1:
+        raise ValueError(f"{where}: the components' leading dimensions differ ({sorted(sizes)}); unbatch needs "
+                         f"them to match (element_spec {spec})")
+    return sizes.pop() if sizes else None
+
+
 class ShuffleDataset(_UnaryDataset):
     _op_name = "Dataset.shuffle"
 
     def __init__(self, input_dataset: Dataset, buffer_size: int, seed: Optional[int], reshuffle: bool):
         super().__init__(input_dataset)
-        self._buffer_size = _check_count("buffer_size", buffer_size, 1)
+        self._buffer_size = _check_shuffle_buffer(buffer_size)
         if seed is not None:
-            seed = _check_count("seed", seed, 0)
+            # Any int64, as tf.data; a negative seed is its unsigned 64-bit twin (random.Random would
+            # otherwise take -3 and 3 for the same seed).
+            seed = _check_int("seed", seed) % 2 ** 64
         self._reshuffle = bool(reshuffle)
         # Without a seed and without reshuffling, tf.data fixes one random order at construction.
         self._seed = seed if seed is not None or reshuffle else random.SystemRandom().randrange(2 ** 62)
@@ -342,7 +493,7 @@ class ShuffleDataset(_UnaryDataset):
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         rand = self._rng(ctx).random
         it = self._input._iterator(ctx)
-        buf = list(itertools.islice(it, self._buffer_size))
+        buf = list(it if self._buffer_size == UNKNOWN_CARDINALITY else itertools.islice(it, self._buffer_size))
         size = len(buf)
         for x in it:
             i = int(rand() * size)
@@ -355,13 +506,19 @@ class ShuffleDataset(_UnaryDataset):
             yield buf.pop()
 
 
+def _check_shuffle_buffer(buffer_size: Any) -> int:
+    """shuffle's buffer_size: >= 1, or UNKNOWN_CARDINALITY (-2) for the whole input, as tf.data."""
+    if _check_int("buffer_size", buffer_size) == UNKNOWN_CARDINALITY:
+        return UNKNOWN_CARDINALITY
+    return _check_count("buffer_size", buffer_size, 1)
+
+
 class RepeatDataset(_UnaryDataset):
     _op_name = "Dataset.repeat"
 
     def __init__(self, input_dataset: Dataset, count: Optional[int]):
         super().__init__(input_dataset)
-        count = -1 if count is None else _check_count("count", count, -1)
-        self._count = count
+        self._count = -1 if count is None else _check_signed_count("count", count)
 
     def cardinality(self) -> int:
         n = self._input.cardinality()
@@ -406,7 +563,9 @@ class TakeDataset(_UnaryDataset):
 
     def __init__(self, input_dataset: Dataset, count: int):
         super().__init__(input_dataset)
-        self._count = _check_count("count", count, -1)
+        # Any negative count takes everything, as tf.data; its cardinality there is min(n, count), a
+        # negative number that is no count (take(-3) of range(5) says -3): here it is the input's.
+        self._count = _check_signed_count("count", count)
 
     def cardinality(self) -> int:
         n = self._input.cardinality()
@@ -428,20 +587,19 @@ class SkipDataset(_UnaryDataset):
 
     def __init__(self, input_dataset: Dataset, count: int):
         super().__init__(input_dataset)
-        self._count = _check_count("count", count, -1)
+        self._count = _check_signed_count("count", count)  # any negative count skips everything
 
     def cardinality(self) -> int:
         n = self._input.cardinality()
         if n < 0:
-            return n  # as tf.data, even for skip(-1): skipping an infinite input never ends
+            return n  # as tf.data, even for skip(-1), which yields nothing
         if self._count == -1:
             return 0
         return max(0, n - self._count)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         if self._count == -1:
-            for _ in self._input._iterator(ctx):
-                pass
+            # As tf.data: nothing, without reading the input (an infinite input too).
             return iter(())
         return itertools.islice(self._input._iterator(ctx), self._count, None)
 
@@ -477,7 +635,7 @@ class ShardDataset(_UnaryDataset):
         self._num_shards = _check_count("num_shards", num_shards, 1)
         self._index = _check_count("index", index, 0)
         if self._index >= self._num_shards:
-            raise ValueError(f"index must be < num_shards ({self._num_shards}), got {self._index}")
+            raise InvalidArgumentError(f"index must be < num_shards ({self._num_shards}), got {self._index}")
 
     def cardinality(self) -> int:
         n = self._input.cardinality()
@@ -494,9 +652,7 @@ class EnumerateDataset(_UnaryDataset):
 
     def __init__(self, input_dataset: Dataset, start: int):
         super().__init__(input_dataset)
-        if not isinstance(start, (int, np.integer)) or isinstance(start, bool):
-            raise TypeError(f"start must be an int, got {start!r}")
-        self._start = int(start)
+        self._start = _check_int("start", start)
 
     def _element_spec(self) -> Any:
         from dataservice.data import specs
@@ -681,11 +837,17 @@ class PrefetchDataset(_UnaryDataset):
 
     def __init__(self, input_dataset: Dataset, buffer_size: int):
         super().__init__(input_dataset)
-        if buffer_size == AUTOTUNE:
+        if _check_int("buffer_size", buffer_size) == AUTOTUNE:
             buffer_size = self.AUTOTUNE_BUFFER
-        self._buffer_size = _check_count("buffer_size", buffer_size, 1)
+        # 0 is no prefetching, as tf.data: the input's iterator itself.
+        self._buffer_size = _check_count("buffer_size", buffer_size, 0)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        if self._buffer_size == 0:
+            return self._input._iterator(ctx)
+        return self._prefetched(ctx)
+
+    def _prefetched(self, ctx: IteratorContext) -> Iterator:
         pump = Pump(self._input._iterator(ctx), capacity=self._buffer_size)
         try:
             while True:
@@ -698,7 +860,16 @@ class PrefetchDataset(_UnaryDataset):
 
 
 class UniqueDataset(_UnaryDataset):
+    """Each distinct element once, in order of first appearance. As tf.data: elements of one component,
+    int32, int64 or string, of any shape (tensors are equal when their shapes and values are)."""
+
     _op_name = "Dataset.unique"
+
+    def __init__(self, input_dataset: Dataset):
+        super().__init__(input_dataset)
+        spec = _static_spec(input_dataset)
+        if spec is not None:
+            _check_unique_spec(spec, self._describe())  # at construction, as tf.data
 
     def cardinality(self) -> int:
         # As tf.data: unknown even over an infinite input (it may hold few distinct values).
@@ -706,16 +877,37 @@ class UniqueDataset(_UnaryDataset):
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         seen: set = set()
+        checked = _static_spec(self._input) is not None
         for x in self._input._iterator(ctx):
-            key = x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x
-            if isinstance(key, (np.ndarray, tuple, dict)):
-                raise TypeError(
-                    "Dataset.unique supports only scalar int and string elements; "
-                    f"got {type(x).__name__} {getattr(x, 'shape', '')}".rstrip())
+            if not checked:
+                _check_unique_spec(_spec_of(x), self._describe())
+                checked = True
+            key = _unique_key(x)
             if key in seen:
                 continue
             seen.add(key)
             yield x
+
+
+_UNIQUE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _check_unique_spec(spec: Any, where: str) -> None:
+    from dataservice.data import specs
+
+    leaves = structure.flatten(spec)
+    if len(leaves) != 1:
+        raise InvalidArgumentError(f"{where} supports only elements of a single component, got {spec}")
+    dtype = leaves[0].dtype
+    if dtype != specs.string and dtype not in _UNIQUE_DTYPES:
+        raise TypeError(f"{where} does not support the dtype {dtype}: only int32, int64 and string elements")
+
+
+def _unique_key(element: Any) -> Any:
+    (leaf,) = structure.flatten(element)
+    if isinstance(leaf, np.ndarray):
+        return leaf.item() if leaf.ndim == 0 else (leaf.shape, tuple(leaf.ravel().tolist()))
+    return leaf
 
 
 class ZipDataset(Dataset):
@@ -724,7 +916,8 @@ class ZipDataset(Dataset):
     def __init__(self, datasets: Any):
         leaves = structure.flatten(datasets)
         if not leaves:
-            raise ValueError("zip needs at least one dataset")
+            # zip(()) or zip({}): tf.data's op refuses an empty structure (Dataset.zip() is a TypeError there).
+            raise InvalidArgumentError("Dataset.zip needs at least one dataset, got an empty structure")
         for leaf in leaves:
             if not isinstance(leaf, Dataset):
                 raise TypeError(f"zip expects Datasets (or a nested tuple/dict of them), got {type(leaf).__name__}")
@@ -776,9 +969,27 @@ class ConcatenateDataset(Dataset):
     _op_name = "Dataset.concatenate"
 
     def __init__(self, first: Dataset, second: Dataset):
+        from dataservice.data import specs
+
         if not isinstance(second, Dataset):
             raise TypeError(f"concatenate expects a Dataset, got {type(second).__name__}")
         self._first, self._second = first, second
+        a, b = _static_spec(first), _static_spec(second)
+        if a is not None and b is not None:
+            specs.concatenated(a, b)  # as tf.data: TypeError now when the structures or dtypes differ
+
+    def _checked(self, it: Iterator, specs_seen: list, index: int) -> Iterator:
+        """``it`` (input ``index``'s elements); a spec that needed an element is checked on its first one."""
+        from dataservice.data import specs
+
+        for x in it:
+            if specs_seen[index] is None:
+                specs_seen[index] = _spec_of(x)
+                if None not in specs_seen:
+                    specs.concatenated(*specs_seen)
+            yield x
+            break
+        yield from it
 
     def _inputs(self) -> tuple[Dataset, ...]:
         return (self._first, self._second)
@@ -809,9 +1020,13 @@ class ConcatenateDataset(Dataset):
         return INFINITE_CARDINALITY if INFINITE_CARDINALITY in (a, b) else a + b
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        # The inputs' specs, where known without an element; the others are learnt from their first element.
+        seen = [_static_spec(self._first), _static_spec(self._second)]
+        lazy = None in seen
         if ctx.split_provider is None:
-            yield from self._first._iterator(ctx)
-            yield from self._second._iterator(ctx)
+            for index, dataset in enumerate((self._first, self._second)):
+                it = dataset._iterator(ctx)
+                yield from self._checked(it, seen, index) if lazy else it
             return
         first = self._first._num_splits()
         total = self._num_splits()
@@ -819,9 +1034,10 @@ class ConcatenateDataset(Dataset):
         # Each run of the first input's splits, then each run of the second's (renumbered from 0); under
         # repeat() the numbering goes on into the next epoch, whose first splits are the first input's again.
         while splits.has_more():
-            for dataset, lo, hi in ((self._first, 0, first), (self._second, first, total)):
+            for index, (dataset, lo, hi) in enumerate(((self._first, 0, first), (self._second, first, total))):
                 provider = splits.run(lo, hi, total)
-                yield from dataset._iterator(dataclasses.replace(ctx, split_provider=provider))
+                it = dataset._iterator(dataclasses.replace(ctx, split_provider=provider))
+                yield from self._checked(it, seen, index) if lazy else it
 
 
 class _SplitFanOut:
@@ -887,12 +1103,12 @@ def shuffle_and_repeat(buffer_size: int, count: Optional[int] = None,
 
         >>> ds = Dataset.range(4).apply(shuffle_and_repeat(4, count=2, seed=1))
     """
-    _check_count("buffer_size", buffer_size, 1)
+    _check_shuffle_buffer(buffer_size)
     # Validate here, at construction, not later when apply() builds the nodes.
     if count is not None:
-        _check_count("count", count, -1)
+        _check_signed_count("count", count)
     if seed is not None:
-        _check_count("seed", seed, 0)
+        _check_int("seed", seed)
 
     def apply(ds: Dataset) -> Dataset:
         return ds.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=True).repeat(count)

@@ -2,9 +2,9 @@
 
 Each file is ``header_bytes`` skipped, then records of ``record_bytes`` each,
 then ``footer_bytes`` skipped. A body that is not a whole number of records
-raises DataLossError naming the file: before any record of an uncompressed
-file (its size is known), after the whole records of a compressed one, as
-TensorFlow does.
+raises an error naming the file, of TensorFlow's kind: InvalidArgumentError
+before any record of an uncompressed file (its size is known), DataLossError
+after the whole records of a compressed one.
 
 Example::
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from dataservice.data.readers.compression import check_buffer_size, check_compression_type, read_chunks
 from dataservice.data.readers.file_source import BlockFileSource
-from dataservice.errors import DataLossError
+from dataservice.errors import DataLossError, InvalidArgumentError
 
 __all__ = ["FixedLengthRecordDataset", "split_fixed_records"]
 
@@ -76,6 +76,12 @@ def split_fixed_records(chunks: Iterable[bytes], path: str, record_bytes: int, h
             f"footer, not a whole record of record_bytes={record_bytes}", filename=path, offset=offset)
 
 
+def _invalid_size(message: str, path: str, offset: int) -> InvalidArgumentError:
+    error = InvalidArgumentError(message)
+    error.filename, error.offset = path, offset  # as a DataLossError's
+    return error
+
+
 class FixedLengthRecordDataset(BlockFileSource):
     """The fixed-size records (``bytes``) of one or more files; one file is one split.
 
@@ -103,17 +109,19 @@ class FixedLengthRecordDataset(BlockFileSource):
             size = os.path.getsize(path)
         except OSError:
             return  # opening it reports the problem, naming the file
+        # InvalidArgumentError, as TensorFlow raises here (the file's size, known up front, does not fit the
+        # arguments); a compressed file is only found short at its end: DataLossError, as there.
         body = size - self._header_bytes - self._footer_bytes
         if body < 0:
-            raise DataLossError(
+            raise _invalid_size(
                 f"{path} has {size} bytes, fewer than header_bytes ({self._header_bytes}) + footer_bytes "
-                f"({self._footer_bytes})", filename=path, offset=size)
+                f"({self._footer_bytes})", path, size)
         if body % self._record_bytes:
             offset = self._header_bytes + body // self._record_bytes * self._record_bytes
-            raise DataLossError(
+            raise _invalid_size(
                 f"truncated record at offset {offset} in {path}: excluding the header ({self._header_bytes} "
                 f"bytes) and footer ({self._footer_bytes} bytes), the file has a body of {body} bytes, not a "
-                f"multiple of record_bytes ({self._record_bytes})", filename=path, offset=offset)
+                f"multiple of record_bytes ({self._record_bytes})", path, offset)
 
     def _read_blocks(self, path: str) -> Iterator[list[bytes]]:
         if not self._compression_type:

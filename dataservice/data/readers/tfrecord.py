@@ -164,18 +164,29 @@ class TFRecordDataset(BlockFileSource):
 
 
 class TFRecordWriter:
-    """Writes records to a TFRecord file, byte-compatible with TensorFlow's writer.
+    """Writes a TFRecord file, byte-compatible with TensorFlow's writers.
 
-    ``compression_type``: None or "" (uncompressed), "GZIP" or "ZLIB"; an
-    object with a ``compression_type`` attribute (``tf.io.TFRecordOptions``)
-    works too. The file is created (or truncated) at once; use the writer as a
-    context manager, or call ``close()``, to finish it.
+    Two ways, both TensorFlow's: ``write(dataset)`` (``tf.data.experimental.TFRecordWriter``) writes
+    the whole file from a dataset of scalar strings — (re)writing it, so the file holds exactly that
+    dataset's records when the call returns; ``write(record)`` (``tf.io.TFRecordWriter``) appends one
+    record, and ``close()`` (or the ``with`` block's end) finishes the file.
+
+    ``compression_type``: None or "" (uncompressed), "GZIP" or "ZLIB" (anything else: ValueError, where
+    TensorFlow's dataset writer silently writes uncompressed); an object with a ``compression_type``
+    attribute (``tf.io.TFRecordOptions``) works too. The file is created (or truncated) at once.
+
+    Example::
+
+        >>> TFRecordWriter("/tmp/a.tfrecord").write(Dataset.from_tensor_slices([b"x", b"y"]))
+        >>> list(TFRecordDataset("/tmp/a.tfrecord"))
+        [b'x', b'y']
     """
 
     def __init__(self, path: Any, compression_type: Any = None):
         compression_type = getattr(compression_type, "compression_type", compression_type)
-        self._path = os.fspath(path)
-        self._out = open_output(self._path, check_compression_type(compression_type))
+        self._path = os.fsdecode(path)
+        self._compression_type = check_compression_type(compression_type)
+        self._out = open_output(self._path, self._compression_type)
         self._header_cache: dict[int, bytes] = {}
 
     @property
@@ -192,7 +203,21 @@ class TFRecordWriter:
         return header
 
     def write(self, record: Any) -> None:
-        """Appends one record: bytes-like, or ``str`` (written as UTF-8, as TensorFlow does)."""
+        """Writes ``record`` — bytes-like, or ``str`` (written as UTF-8, as TensorFlow does) — after the
+        records before it; or, given a Dataset, writes the file anew with its elements and finishes it.
+
+        A dataset's elements must be scalar strings (``element_spec`` a ``TensorSpec`` of dtype string,
+        shape ``()`` or unknown); TypeError otherwise, before anything is written, as TensorFlow.
+
+        Example::
+
+            >>> TFRecordWriter("/tmp/n.tfrecord").write(Dataset.range(3).map(lambda x: str(x)))
+        """
+        from dataservice.data.dataset import Dataset
+
+        if isinstance(record, Dataset):
+            self._write_dataset(record)
+            return
         if self._out.closed:
             raise ValueError(f"TFRecordWriter for {self._path} is closed")
         if isinstance(record, str):
@@ -202,6 +227,34 @@ class TFRecordWriter:
                 record = bytes(memoryview(record))
             except TypeError:
                 raise TypeError(f"TFRecordWriter.write expects bytes, got {type(record).__name__}") from None
+        crc = crc32c(record)
+        write = self._out.write
+        write(self._header(len(record)))
+        write(record)
+        write(_pack_u32(((crc >> 15 | crc << 17) + _MASK_DELTA) & _U32))
+
+    def _write_dataset(self, dataset: Any) -> None:
+        from dataservice.data import specs
+        from dataservice.errors import InvalidArgumentError
+
+        spec = dataset.element_spec
+        if not (isinstance(spec, specs.TensorSpec) and spec.dtype is specs.string and spec.shape in (None, ())):
+            raise TypeError(f"TFRecordWriter.write expects a dataset of scalar strings (bytes or str), got one "
+                            f"whose element_spec is {spec}")
+        # As TensorFlow's: the file is written anew, holding exactly this dataset's records.
+        self._out.close()
+        self._out = open_output(self._path, self._compression_type)
+        try:
+            for element in dataset:
+                if not isinstance(element, (bytes, str)):
+                    raise InvalidArgumentError(
+                        f"TFRecordWriter.write: {dataset._describe()} produced a {type(element).__name__} "
+                        f"({element!r:.80}) where a scalar string was expected")
+                self._write_record(element.encode("utf-8") if isinstance(element, str) else element)
+        finally:
+            self._out.close()
+
+    def _write_record(self, record: bytes) -> None:
         crc = crc32c(record)
         write = self._out.write
         write(self._header(len(record)))
