@@ -24,6 +24,8 @@ Example::
     local cluster: grpc://localhost:40123 with 2 workers
     $ dataservice status --dispatcher localhost:5051
     dataservice status: error: localhost:5051 is a dataservice worker, not the dispatcher: pass the ...
+    $ dataservice health localhost:5050 --service dispatcher      # exit 0 when serving (healthchecks)
+    grpc://localhost:5050: SERVING (dataservice.Dispatcher)
     $ dataservice --version
     dataservice 0.1.0
 
@@ -158,6 +160,10 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true",
                         help="listen beyond localhost without an auth token: anyone who reaches the port can run "
                              "code on the workers (a warning on every start)")
+    parser.add_argument("--http-port", type=_port, default=None, metavar="P",
+                        help="also serve /metrics (Prometheus), /status.json and a status page / over plain HTTP "
+                             "on this port, on --host (read-only, no token); 0 picks a free one, printed at the "
+                             "start (default: no HTTP)")
 
 
 def _add_server_tls_flags(parser: argparse.ArgumentParser, verifies_dispatcher: bool) -> None:
@@ -329,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dataservice.catalogue import command as datasets_command
 
     datasets_command.add_parser(commands, positive_int)
+    from dataservice.service import health_probe
+
+    health_probe.add_parser(commands, _positive_ms, _add_auth_token_file, _add_client_tls_flags)
     return parser
 
 
@@ -344,7 +353,8 @@ def dispatcher_config(args: argparse.Namespace):
                             client_timeout_ms=args.client_timeout_ms, host=args.host, auth_token=_auth_token(args),
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             tls_client_ca=args.tls_client_ca, max_dataset_def_bytes=args.max_dataset_def_bytes,
-                            finished_jobs_kept=args.finished_jobs_kept, recover_journal=args.recover_journal)
+                            finished_jobs_kept=args.finished_jobs_kept, recover_journal=args.recover_journal,
+                            http_port=args.http_port)
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
@@ -360,7 +370,9 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
                         tls_client_ca=args.tls_client_ca, memory_budget_bytes=args.memory_budget_bytes,
                         data_idle_timeout_ms=args.data_idle_timeout_ms,
                         data_request_timeout_ms=args.data_request_timeout_ms,
-                        data_max_connections=args.data_max_connections)
+                        data_max_connections=args.data_max_connections,
+                        # local: the dispatcher has --http-port; its workers take free ports.
+                        http_port=args.http_port if dispatcher_address is None or args.http_port is None else 0)
 
 
 # --- running servers ---------------------------------------------------------------------
@@ -419,6 +431,14 @@ def _make_work_dir(work_dir: Optional[str]) -> None:
         os.makedirs(work_dir, exist_ok=True)
 
 
+def _shown_host(host: Optional[str]) -> str:
+    """The host to print in "listening on": the one given with --host, unless it is every interface
+    (0.0.0.0, ::) or none, where localhost reaches the server from this machine."""
+    if not host or host in ("0.0.0.0", "::", "[::]"):
+        return "localhost"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]) -> int:
     """Starts servers (``start`` returns them in start order), announces them, waits for a
     signal, and stops them in reverse order (workers before their dispatcher)."""
@@ -433,6 +453,8 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
             print(f"{prog}: error: cannot start: {_one_line(exc)}", file=sys.stderr, flush=True)
             return EXIT_FAILURE
         _announce(announce(servers))
+        for line in _http_lines(servers):
+            _announce(line)
         shutdown.wait()
         return 0
     finally:
@@ -442,6 +464,20 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
             except Exception:  # stop the others regardless
                 log.exception("error while stopping %s", type(server).__name__)
         shutdown.restore()
+
+
+def _http_lines(servers: list) -> list[str]:
+    """A line per server serving HTTP (--http-port): where its status page is (a parent that passed
+    --http-port 0 reads the port from it)."""
+    lines = []
+    for server in servers:
+        if server.config.http_port is None:
+            continue
+        host = server.config.host
+        host = "localhost" if host in ("", "::", "[::]", "0.0.0.0") else f"[{host}]" if ":" in host else host
+        what = "dispatcher" if isinstance(server, DispatchServer) else f"worker {server.address}"
+        lines.append(f"{what} serves /metrics, /status.json and its status page on http://{host}:{server.http_port}/")
+    return lines
 
 
 def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -455,7 +491,8 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         _make_work_dir(config.work_dir)
         return [DispatchServer(config)]
 
-    return _serve(parser.prog, start, lambda servers: f"dispatcher listening on {servers[0].target}")
+    return _serve(parser.prog, start,
+                  lambda servers: f"dispatcher listening on grpc://{_shown_host(args.host)}:{servers[0].port}")
 
 
 def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -470,8 +507,8 @@ def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     def announce(servers: list) -> str:
         worker = servers[0]
-        line = f"worker listening on localhost:{worker.port} (dispatcher {config.dispatcher_address})"
-        if worker.address != f"localhost:{worker.port}":
+        line = f"worker listening on {_shown_host(args.host)}:{worker.port} (dispatcher {config.dispatcher_address})"
+        if worker.address != f"{_shown_host(args.host)}:{worker.port}":
             line += f"; advertised to clients as {worker.address}"
         return line
 
@@ -487,6 +524,8 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--worker-address", args.worker_address]
     if args.host is not None:
         flags += ["--host", args.host]
+    if args.http_port is not None:
+        flags += ["--http-port", "0"]  # each process on a free port of its own (each prints it)
     if args.insecure:
         flags.append("--insecure")
     if args.auth_token_file:
@@ -511,6 +550,9 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
 def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentParser, config) -> int:
     """``worker --processes N`` with N > 1: supervise N worker processes (dataservice.worker.processes)."""
     n = args.processes
+    if args.http_port:
+        parser.error(f"--http-port {args.http_port} with --processes {n}: each process serves HTTP on a port of "
+                     f"its own; pass --http-port 0 (free ports, each printed at the start)")
     if "%port%" not in config.worker_address:
         parser.error(f"--worker-address {config.worker_address!r} must contain %port% with --processes {n}: "
                      f"each process listens on a port of its own, and clients tell the processes apart by it "
@@ -592,6 +634,10 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
             "tasks": list(w.tasks),
             "num_tasks": w.num_tasks,
         } for w in response.workers],
+        # By worker address, the share of time its producers were busy over the recent window (the scaling
+        # signal's input), for the workers that reported it.
+        "worker_busy_fraction": {w.address: round(w.busy_fraction, 4) for w in response.workers
+                                 if w.HasField("busy_fraction")},
         "datasets": [{
             "dataset_id": d.dataset_id,
             "dataset_names": list(d.dataset_names),
@@ -612,6 +658,22 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
         "counts": {field: getattr(response.counts, field) for field in _COUNT_FIELDS},
         "rpc_latency_ms": {r.method: {"calls": r.calls, "p50": round(r.p50_ms, 3), "p99": round(r.p99_ms, 3),
                                       "max": round(r.max_ms, 3)} for r in response.rpc_latency},
+        # Each reader's last report (iterator.stats()), the most stalled first; metrics the dispatcher
+        # keeps in memory only.
+        "clients": [{
+            "client_id": c.client_id,
+            "job_id": c.job_id,
+            "job_name": c.job_name,
+            "iteration_id": c.iteration_id,
+            "elements": c.elements,
+            "bytes": c.bytes,
+            "stall_s": round(c.stall_s, 3),
+            "elapsed_s": round(c.elapsed_s, 3),
+            "stall_fraction": round(c.stall_fraction, 4),
+            "last_report_s_ago": round(max(0.0, now - c.last_report_unix), 3),
+        } for c in response.clients],
+        "recommended_workers": {"count": response.scaling.count, "current": response.scaling.current,
+                                "reason": response.scaling.reason} if response.HasField("scaling") else None,
     }
 
 
@@ -633,6 +695,10 @@ def _ids(values: Sequence[int]) -> str:
     return ",".join(str(v) for v in values) or "-"
 
 
+def _percent(fraction: Optional[float]) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
 def _ago(seconds: Optional[float]) -> str:
     return "never" if seconds is None else f"{seconds:.1f} s ago"
 
@@ -644,8 +710,9 @@ def format_status(status: dict, out: TextIO) -> None:
     counts = status.get("counts") or {}
     out.write(f"\n{_shown(status['workers'], counts.get('workers', len(status['workers'])), 'workers')}\n")
     if status["workers"]:
-        _table(["ADDRESS", "LAST HEARTBEAT", "TASKS"],
+        _table(["ADDRESS", "LAST HEARTBEAT", "BUSY", "TASKS"],
                [[w["address"], _ago(w["last_heartbeat_s_ago"]),
+                 _percent((status.get("worker_busy_fraction") or {}).get(w["address"])),
                  _ids(w["tasks"]) + (f" (+{w['num_tasks'] - len(w['tasks'])})" if w.get("num_tasks", 0) > len(w["tasks"])
                                      else "")] for w in status["workers"]], out)
     out.write(f"\n{_shown(status['datasets'], counts.get('datasets', len(status['datasets'])), 'datasets')}\n")
@@ -664,6 +731,17 @@ def format_status(status: dict, out: TextIO) -> None:
                [[j["job_id"], j["job_name"] or "-", j["dataset_id"], j["processing_mode"],
                  "yes" if j["finished"] else "no", j["num_clients"], _ids(j["iterations"]),
                  "yes" if j["garbage_collected"] else "no"] for j in status["jobs"]], out)
+    clients = status.get("clients") or []
+    if clients:
+        out.write(f"\nclients reading: {len(clients)} (stall: the share of its time a consumer waited for data)\n")
+        _table(["CLIENT", "JOB", "ELEMENTS", "BYTES", "STALL", "ELAPSED", "LAST REPORT"],
+               [[c["client_id"], f"{c['job_name'] or '-'} ({c['job_id']})", f"{c['elements']:,}",
+                 f"{c['bytes']:,} B", f"{c['stall_fraction'] * 100:.1f}% ({c['stall_s']:.1f} s)",
+                 f"{c['elapsed_s']:.1f} s", _ago(c["last_report_s_ago"])] for c in clients], out)
+    recommended = status.get("recommended_workers")
+    if recommended:
+        out.write(f"\nrecommended workers: {recommended['count']} (now {recommended['current']}): "
+                  f"{recommended['reason']}\n")
     latency = status.get("rpc_latency_ms") or {}
     if latency:
         out.write("\nRPC latency (recent calls):\n")
@@ -756,8 +834,14 @@ def _run_datasets(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return datasets_command.run(args, parser)
 
 
+def _run_health(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.service import health_probe
+
+    return health_probe.run(args, parser)
+
+
 _COMMANDS = {"dispatcher": _run_dispatcher, "worker": _run_worker, "status": _run_status, "local": _run_local,
-             "save-status": _run_save_status, "datasets": _run_datasets}
+             "save-status": _run_save_status, "datasets": _run_datasets, "health": _run_health}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

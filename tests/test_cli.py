@@ -59,6 +59,7 @@ FLAGS = {
     "local": ["--workers", "--port", "--work-dir", "--fault-tolerant", "--log-level"],
     "save-status": ["--dispatcher", "--wait", "--json", "--timeout-ms"],
     "datasets": ["list", "build"],  # its actions; their flags: test_datasets_actions_mention_their_flags
+    "health": ["--service", "--timeout-ms", "--check-auth", "--auth-token-file", "--tls-ca"],
 }
 DATASETS_FLAGS = {
     "list": ["--data-dir", "--import", "--json"],
@@ -187,7 +188,8 @@ def test_worker_processes_get_every_flag_but_their_ports() -> None:
          "--data-transfer-port", "7100", "--log-level", "DEBUG", "--host", "0.0.0.0", "--insecure",
          "--auth-token-file", "/run/secrets/token", "--tls-cert", "/tls/w.pem", "--tls-key", "/tls/w.key",
          "--tls-ca", "/tls/ca.pem", "--tls-client-ca", "/tls/client-ca.pem", "--memory-budget-bytes", "3000",
-         "--data-idle-timeout-ms", "900", "--data-request-timeout-ms", "800", "--data-max-connections", "7"])
+         "--data-idle-timeout-ms", "900", "--data-request-timeout-ms", "800", "--data-max-connections", "7",
+         "--http-port", "0"])  # with --processes N only 0 (free ports): each process serves its own
     defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
     worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]
     dests = {a.dest for a in worker._actions if a.option_strings and a.dest != "help"}
@@ -318,6 +320,17 @@ def test_fault_tolerant_dispatcher_creates_its_work_dir(spawn: Callable[..., Pro
     dispatcher.wait_for_line(r"^dispatcher listening on grpc://localhost:\d+$")
     assert work_dir.is_dir()
     assert_clean_exit(dispatcher, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_listening_lines_show_the_host_given(spawn: Callable[..., Proc]) -> None:
+    dispatcher = spawn("dispatcher", "--host", "127.0.0.2", "--port", "0")
+    found = dispatcher.wait_for_line(r"^dispatcher listening on grpc://127\.0\.0\.2:(\d+)$")
+    worker = spawn("worker", "--dispatcher", f"127.0.0.2:{found.group(1)}", "--host", "127.0.0.2",
+                   "--worker-address", "127.0.0.2:%port%")
+    worker.wait_for_line(r"^worker listening on 127\.0\.0\.2:\d+ \(dispatcher ")
+    assert_clean_exit(worker, signal.SIGINT)
+    assert_clean_exit(dispatcher, signal.SIGINT)
 
 
 @pytest.mark.slow
@@ -545,6 +558,8 @@ def test_docker_compose_commands_parse(tmp_path, monkeypatch) -> None:
         assert parsed[name].command == "worker"
         assert (parsed[name].dispatcher, parsed[name].port, parsed[name].worker_address) == \
             ("dispatcher:5050", 5051, f"{name}:5051")
+        # A fixed data-transfer port, exposed on the compose network (test_docker_compose_health_and_ports).
+        assert parsed[name].data_transfer_port == 5061
     assert parsed["client"].service == "grpc://dispatcher:5050"
 
 
@@ -554,6 +569,8 @@ def test_dockerfile_and_compose_basics() -> None:
     # With the images extra: workers decode the catalogue's Image features (Pillow).
     assert re.search(r"^RUN pip install '\.\[images\]'", dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["dataservice"\]\s*$', dockerfile, re.M)
+    # gRPC of the dispatcher and the workers, the workers' data transfer, and --http-port.
+    assert re.search(r"^EXPOSE 5050 5051 5061 8080\s*$", dockerfile, re.M)
     compose = (REPO / "docker-compose.yml").read_text()
     assert "dockerfile: deploy/Dockerfile" in compose
     assert "dispatcher-data:/data" in compose  # the journal survives a restart of the container
@@ -561,3 +578,91 @@ def test_dockerfile_and_compose_basics() -> None:
     assert "DATASERVICE_AUTH_TOKEN_FILE: /run/secrets/dataservice_token" in compose
     assert re.search(r"^secrets:\n  dataservice_token:\n    file: \./deploy/auth_token$", compose, re.M)
     assert "deploy/auth_token" in (REPO / ".gitignore").read_text()
+
+
+def _compose() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def test_docker_compose_file_follows_the_compose_spec() -> None:
+    """Valid under the Compose Specification's JSON schema (vendored: tests/fixtures/compose-spec.md), the
+    rules Docker Compose v2 applies; the v1 file formats would reject the top-level ``name:``."""
+    import jsonschema
+
+    schema = json.loads((REPO / "tests" / "fixtures" / "compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    compose = _compose()
+    problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert problems == []
+    assert compose["name"] == "dataservice" and "version" not in compose  # `version:` is obsolete in v2
+    # The schema has teeth: a misspelt condition and an unknown healthcheck key are refused.
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["worker1"]["depends_on"]["dispatcher"]["condition"] = "service_up"
+    broken["services"]["dispatcher"]["healthcheck"]["intervall"] = "5s"
+    assert len(list(validator.iter_errors(broken))) == 2
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as "5s" or "1m30s", in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert parts and duration, f"not a duration this test reads: {duration!r}"
+    return int(parts.group(1) or 0) * 60 + int(parts.group(2) or 0)
+
+
+def test_docker_compose_health_and_ports(tmp_path, monkeypatch) -> None:
+    from dataservice.service.dispatcher_client import DISPATCHER_SERVICE, WORKER_SERVICE
+
+    secret = tmp_path / "dataservice_token"
+    secret.write_text("a-test-token-for-the-compose-file\n")
+    monkeypatch.setenv("DATASERVICE_AUTH_TOKEN_FILE", str(secret))
+    services = _compose()["services"]
+    parser = cli.build_parser()
+    roles = {"dispatcher": DISPATCHER_SERVICE, "worker1": WORKER_SERVICE, "worker2": WORKER_SERVICE}
+    for name, service_name in roles.items():
+        spec = services[name]
+        server = parser.parse_args(spec["command"])
+        check = spec["healthcheck"]
+        assert check["test"][:3] == ["CMD", "dataservice", "health"], name
+        health = parser.parse_args(check["test"][2:])
+        # The health command asks the server's own gRPC port, inside its container, for its service,
+        # and checks the secret's token too; it gives up before compose's timeout kills it.
+        assert health.address == f"127.0.0.1:{server.port}", name
+        assert (health.service, health.check_auth) == (service_name, True), name
+        assert health.timeout_ms / 1000 < _seconds(check["timeout"]), name
+        if name.startswith("worker"):
+            assert spec["depends_on"] == {"dispatcher": {"condition": "service_healthy"}}
+            # Clients on the compose network dial the advertised gRPC port and the fixed data port.
+            assert {str(server.port), str(server.data_transfer_port)} <= set(spec["expose"]), name
+            assert server.worker_address == f"{name}:{server.port}"
+    dispatcher = parser.parse_args(services["dispatcher"]["command"])
+    # gRPC (token-protected) on the host; the unauthenticated HTTP page on its loopback only.
+    assert services["dispatcher"]["ports"] == [f"5050:{dispatcher.port}", f"127.0.0.1:8080:{dispatcher.http_port}"]
+    assert services["client"]["depends_on"] == {name: {"condition": "service_healthy"} for name in roles}
+    assert "healthcheck" not in services["client"]  # it serves nothing; the image has no HEALTHCHECK either
+
+
+def test_docker_compose_healthchecks_run_against_real_servers(tmp_path, monkeypatch, capsys) -> None:
+    """Each service's healthcheck command, run against a real dispatcher and worker that require a token, with
+    the token file the containers have: healthy; with a rotated file the server does not hold: unhealthy."""
+    from tests.cluster import TestCluster
+
+    token = "a-test-token-for-the-compose-file"
+    secret = tmp_path / "dataservice_token"
+    secret.write_text(token + "\n")
+    monkeypatch.delenv("DATASERVICE_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("DATASERVICE_AUTH_TOKEN_FILE", str(secret))
+    services = _compose()["services"]
+    with TestCluster(num_workers=0, auth_token=token) as cluster:
+        cluster.add_worker(auth_token=token)
+        cluster.wait_for_workers(1)
+        real_ports = {"dispatcher": cluster.port, "worker1": cluster.workers[0].port}
+        for name, port in real_ports.items():
+            argv = services[name]["healthcheck"]["test"][2:]
+            argv = [f"127.0.0.1:{port}" if a.startswith("127.0.0.1:") else a for a in argv]
+            assert cli.main(argv) == 0, capsys.readouterr().err
+            assert "SERVING" in capsys.readouterr().out
+        secret.write_text("a-rotated-token-the-servers-do-not-hold\n")
+        assert cli.main(argv) == 1
+        assert "refused this cluster token" in capsys.readouterr().err

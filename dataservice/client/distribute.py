@@ -14,13 +14,16 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional, Union
 
 from dataservice import errors
-from dataservice.client.reader import DEFAULT_MAX_OUTSTANDING_REQUESTS, IterationReader
+from dataservice.client.reader import DEFAULT_MAX_OUTSTANDING_REQUESTS, IterationReader, ReaderStats, \
+    ReaderStatsRecorder
 from dataservice.client.transports import DATA_TRANSFER_PROTOCOLS
 from dataservice.data import specs
-from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext
+from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext, \
+    _ClosingIterator
 from dataservice.data.serialization import registered_cardinality, registered_element_spec, serialize_dataset
 from dataservice.dispatcher.request_checks import DATASET_NAME_RULE, dataset_name_problem, shown_name
 from dataservice.proto import state_pb2
@@ -29,7 +32,8 @@ from dataservice.service.auth import ClusterAuth
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.tls import TlsSettings
 
-__all__ = ["distribute", "register_dataset", "from_dataset_id", "ShardingPolicy", "DEFAULT_TIMEOUT_MS"]
+__all__ = ["distribute", "register_dataset", "from_dataset_id", "ShardingPolicy", "DEFAULT_TIMEOUT_MS",
+           "DistributedIterator", "ReaderStats", "reader_stats"]
 
 #: How long a client keeps trying to reach the dispatcher before raising ServiceUnavailableError.
 DEFAULT_TIMEOUT_MS = 60_000
@@ -40,6 +44,49 @@ class ShardingPolicy(enum.Enum):
 
     OFF = "parallel_epochs"
     DYNAMIC = "distributed_epoch"
+
+
+def reader_stats(ctx: IteratorContext) -> ReaderStats:
+    """What the consumer of the pipeline iterated with ``ctx`` saw of the service so far, over all the
+    distributed datasets read in it (zeros if none was read yet).
+
+    Example::
+
+        >>> it = iter(dataset.apply(distribute("parallel_epochs", target)))
+        >>> reader_stats(it._ctx) == it.stats()
+        True
+    """
+    recorder = getattr(ctx, "_reader_stats", None)
+    return recorder.stats() if recorder is not None else ReaderStats()
+
+
+def _recorder(ctx: IteratorContext) -> ReaderStatsRecorder:
+    """The stats recorder of the iterator ``ctx`` belongs to, made on first use. Every node of a pipeline
+    iterates with its root's context, so all the readers of one iterator (each epoch of a ``repeat()``,
+    both sides of a ``zip``) add up in one place."""
+    with ctx._lock:
+        recorder = getattr(ctx, "_reader_stats", None)
+        if recorder is None:
+            recorder = ctx._reader_stats = ReaderStatsRecorder()
+        return recorder
+
+
+class DistributedIterator(_ClosingIterator):
+    """The iterator of a dataset read from the service (``distribute``, ``from_dataset_id``): a pipeline
+    iterator with ``stats()``.
+
+    Example::
+
+        >>> it = iter(Dataset.range(10).apply(distribute("parallel_epochs", target)))
+        >>> sum(1 for _ in it), it.stats().elements
+        (20, 20)
+    """
+
+    __slots__ = ()
+
+    def stats(self) -> ReaderStats:
+        """Elements and bytes taken, and the time the consumer waited inside ``next()`` (``ReaderStats``)."""
+        return reader_stats(self._ctx)
 
 
 _MODES = {"parallel_epochs": state_pb2.PARALLEL_EPOCHS, "distributed_epoch": state_pb2.DISTRIBUTED_EPOCH}
@@ -261,7 +308,17 @@ class _DataServiceDataset(Dataset):
                 return client.get_dataset_id(self._dataset_id)
             return self._dataset_id
 
+    def _root_iterator(self, split_provider, split_hint=None) -> Iterator:
+        it = super()._root_iterator(split_provider, split_hint)
+        # The same object with stats() added: a second wrapper would be a second owner of the context,
+        # and its __del__ would close the pipeline's pools under the first. (Same slots, no state added.)
+        it.__class__ = DistributedIterator
+        _recorder(it._ctx)
+        return it
+
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        started = time.monotonic()  # the consumer's next() that runs this waits from here (stats' stall)
+        recorder = _recorder(ctx)
         client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth, tls=self._tls)
         reader = None
         try:
@@ -271,11 +328,13 @@ class _DataServiceDataset(Dataset):
             repetition = next(self._repetitions) if self._job_name else 0
             reader = IterationReader(client, job_id, repetition, self._max_outstanding, self._protocol,
                                      timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth,
-                                     tls=self._tls)
+                                     tls=self._tls, started_at=started)
+            recorder.add(reader)
             yield from reader
         finally:
             if reader is not None:
                 reader.close()
+                recorder.finished(reader)
             client.close()
 
 

@@ -23,12 +23,13 @@ Example::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import random
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 from dataservice import errors
@@ -44,7 +45,8 @@ from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.remote_errors import remote_failure
 from dataservice.service.wire import WireFormatError
 
-__all__ = ["IterationReader", "DEFAULT_MAX_OUTSTANDING_REQUESTS", "MAX_BUFFERED_BYTES"]
+__all__ = ["IterationReader", "ReaderStats", "ReaderStatsRecorder", "DEFAULT_MAX_OUTSTANDING_REQUESTS",
+           "MAX_BUFFERED_BYTES"]
 
 log = logging.getLogger("dataservice.client")
 
@@ -67,6 +69,94 @@ MAX_HEARTBEATS_PER_S = 50
 UNREACHABLE_WARNING_S = 2.0
 
 _END = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderStats:
+    """What a reader's consumer saw (``iterator.stats()``; each reader also reports it to the dispatcher).
+
+    ``elements``: elements the consumer took. ``bytes``: the bytes of the frames those elements came in, as
+    received from the workers (the arrays' data plus a few bytes of framing per element; a frame counts
+    when the consumer takes its first element). ``stall_s``: the time the consumer waited for data inside
+    ``next()``, a wait in progress included (and the first ``next()``'s wait for the dispatcher and the
+    first answer). ``elapsed_s``: time since the first ``next()`` (frozen once the read ended).
+    ``stall_fraction``: ``stall_s / elapsed_s`` (0 before the first ``next()``) — near 1, the input
+    pipeline is the bottleneck; near 0, the consumer is.
+
+    Example::
+
+        >>> it = iter(dataset)          # dataset = ... .apply(distribute(...))
+        >>> for x in it: train_step(x)
+        >>> it.stats()
+        ReaderStats(elements=1000, bytes=8192160, stall_s=0.42, elapsed_s=12.5, stall_fraction=0.0336)
+    """
+
+    elements: int = 0
+    bytes: int = 0
+    stall_s: float = 0.0
+    elapsed_s: float = 0.0
+    stall_fraction: float = 0.0
+
+    @staticmethod
+    def of(elements: int, nbytes: int, stall_s: float, elapsed_s: float) -> "ReaderStats":
+        """The stats with ``stall_fraction`` computed (and ``stall_s`` never above ``elapsed_s``)."""
+        elapsed_s = max(0.0, elapsed_s)
+        stall_s = min(max(0.0, stall_s), elapsed_s)
+        return ReaderStats(elements, nbytes, stall_s, elapsed_s, stall_s / elapsed_s if elapsed_s > 0 else 0.0)
+
+
+class ReaderStatsRecorder:
+    """Adds up the readers of one iterator: each iteration of the distributed dataset (each epoch of a
+    ``repeat()`` after ``distribute``) is a reader of its own. ``elapsed_s`` runs from the first reader's
+    first ``next()`` to now while a reader reads, and stops at the end of the last one between reads.
+
+    Example::
+
+        >>> recorder = ReaderStatsRecorder()
+        >>> recorder.add(reader); ...; recorder.finished(reader)
+        >>> recorder.stats().elements
+        1000
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: list = []
+        self._elements = 0
+        self._bytes = 0
+        self._stall_s = 0.0
+        self._first: Optional[float] = None
+        self._last_end: Optional[float] = None
+
+    def add(self, reader: "IterationReader") -> None:
+        with self._lock:
+            self._live.append(reader)
+            if self._first is None:
+                self._first = reader.started_at
+
+    def finished(self, reader: "IterationReader", _monotonic: Callable[[], float] = time.monotonic) -> None:
+        """Folds an ended reader into the totals (it may then be freed).
+
+        The clock is bound as a default: a reader finalized at interpreter exit runs this after module
+        teardown has set the ``time`` global to None."""
+        with self._lock:
+            if reader not in self._live:
+                return
+            self._live.remove(reader)
+            stats = reader.stats()
+            self._elements += stats.elements
+            self._bytes += stats.bytes
+            self._stall_s += stats.stall_s
+            self._last_end = _monotonic()
+
+    def stats(self) -> ReaderStats:
+        with self._lock:
+            live = [r.stats() for r in self._live]
+            if self._first is None:
+                return ReaderStats()
+            end = time.monotonic() if live or self._last_end is None else self._last_end
+            return ReaderStats.of(self._elements + sum(s.elements for s in live),
+                                  self._bytes + sum(s.bytes for s in live),
+                                  self._stall_s + sum(s.stall_s for s in live), end - self._first)
 
 
 class _Credits:
@@ -146,7 +236,11 @@ class IterationReader:
 
     def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int,
                  data_transfer_protocol: Optional[str] = None, timeout_ms: int = 60_000, job_name: str = "",
-                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
+                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None,
+                 started_at: Optional[float] = None):
+        #: When the consumer first asked for an element (monotonic): ``stats().elapsed_s`` counts from here,
+        #: and the wait until this reader exists (the dispatcher's calls) counts as stall.
+        self.started_at = time.monotonic() if started_at is None else started_at
         self._dispatcher = dispatcher
         self._auth = auth
         self._tls = tls
@@ -189,6 +283,11 @@ class IterationReader:
         self._current_bytes = 0
         self._pos = 0
         self._closed = False
+        # stats(): the consumer's thread writes these, the heartbeat reads them (a snapshot, no lock).
+        self._bytes_taken = 0
+        self._waiting_since: Optional[float] = None  # the consumer waits inside next() since then
+        self._ended_at: Optional[float] = None
+        self._stall_s = time.monotonic() - self.started_at
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="dataservice-client-heartbeat",
                                            daemon=True)
         self._heartbeat.start()
@@ -207,7 +306,16 @@ class IterationReader:
                 raise StopIteration
             if self._out.empty():
                 self._credits.waited()  # the consumer keeps up with what arrives: read further ahead
-            item = self._next_item()
+                # A stall: the only place the consumer waits, so the only clock reads stats() costs.
+                self._waiting_since = waited = time.monotonic()
+                try:
+                    item = self._next_item()
+                finally:
+                    now = time.monotonic()
+                    self._waiting_since = None  # first: a concurrent stats() never counts this wait twice
+                    self._stall_s += now - waited
+            else:
+                item = self._next_item()
             if item is _END:
                 self.close()
                 raise StopIteration
@@ -215,12 +323,31 @@ class IterationReader:
                 self.close()
                 raise item
             self._current, self._current_bytes = item
+            self._bytes_taken += self._current_bytes
             self._pos = 0
         element = self._current[self._pos]
         self._current[self._pos] = None  # the consumer owns it now
         self._pos += 1
         self._credits.take_one()
         return element
+
+    def stats(self, _monotonic: Callable[[], float] = time.monotonic) -> ReaderStats:
+        """This reader's counters (see ``ReaderStats``); safe from any thread (and at interpreter exit:
+        the clock is bound as a default, see ``ReaderStatsRecorder.finished``)."""
+        stall = self._stall_s
+        waiting = self._waiting_since  # read after _stall_s: see __next__
+        now = _monotonic()
+        if waiting is not None:
+            stall += now - waiting
+        end = self._ended_at if self._ended_at is not None else now
+        return ReaderStats.of(self._credits.taken, self._bytes_taken, stall, end - self.started_at)
+
+    def _stats_report(self) -> dispatcher_pb2.ReaderStatsReport:
+        stats = self.stats()
+        elapsed_us = int(stats.elapsed_s * 1e6)
+        return dispatcher_pb2.ReaderStatsReport(elements=stats.elements, bytes=stats.bytes,
+                                                stall_us=min(int(stats.stall_s * 1e6), elapsed_us),
+                                                elapsed_us=elapsed_us)
 
     def _next_item(self) -> Any:
         """The fetchers' next output; ServiceUnavailableError once no worker has answered for timeout_ms
@@ -290,6 +417,7 @@ class IterationReader:
         if self._closed:
             return
         self._closed = True
+        self._ended_at = time.monotonic()
         self._stop.set()
         self._wake.set()
         with self._lock:
@@ -326,7 +454,8 @@ class IterationReader:
         while not self._stop.is_set():
             progress, stopped = self._progress_report()
             try:
-                response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key)
+                response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key,
+                                                             stats=self._stats_report())
             except errors.DataServiceError as exc:
                 if not self._stop.is_set():
                     self._out.put(exc)

@@ -23,6 +23,7 @@ import logging
 import select
 import socket
 import ssl
+import threading
 import time
 from typing import Optional, Sequence, Union
 
@@ -47,7 +48,7 @@ from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, g
 from dataservice.service.wire import WireFormatError, buffer_sizes, decode_frame, split_frame
 
 __all__ = ["connect", "TransientError", "GrpcTransport", "TcpTransport", "ReceivedFrame", "ANSWER_TIMEOUT_S",
-           "CONNECT_TIMEOUT_S", "DATA_TRANSFER_PROTOCOLS"]
+           "CONNECT_TIMEOUT_S", "DATA_TRANSFER_PROTOCOLS", "received_bytes"]
 
 log = logging.getLogger("dataservice.client")
 
@@ -68,6 +69,31 @@ _MAX_REFUSAL_BYTES = 4096
 #: every time: the check is a system call, which lets the consumer's thread take the GIL for up to 5 ms
 #: in a busy reader. A worker that closed it sooner (an idle timeout this short) costs a retry instead.
 IDLE_CHECK_AFTER_S = 0.05
+
+
+_received_lock = threading.Lock()
+_received = {"tcp": 0, "memory": 0, "grpc": 0}
+
+
+def received_bytes() -> dict[str, int]:
+    """Bytes of element frames this process received from workers so far, by the way they came: ``"tcp"``
+    (the data-transfer socket), ``"memory"`` (large arrays copied from a same-host worker's memory) and
+    ``"grpc"``. A diagnostic of the path reads took (tests/test_multihost.py checks that a read across
+    hosts came over TCP); it counts frames, not the protocol's headers.
+
+    Example::
+
+        >>> received_bytes()
+        {'tcp': 26218496, 'memory': 0, 'grpc': 0}
+    """
+    with _received_lock:
+        return dict(_received)
+
+
+def _count_received(**counts: int) -> None:
+    with _received_lock:  # once per frame, from each fetcher thread
+        for how, n in counts.items():
+            _received[how] += n
 
 
 class TransientError(Exception):
@@ -138,6 +164,7 @@ class GrpcTransport:
         head.data = b""
         if not data:
             return head, ReceivedFrame(bytearray(), [])
+        _count_received(grpc=len(data))
         try:
             return head, ReceivedFrame(*split_frame(data))
         except WireFormatError as exc:
@@ -388,6 +415,12 @@ class TcpTransport:
             log.info("%s: pid %d is not the worker (another pid namespace?): large arrays come over TCP",
                      self._where, header.worker_pid)
             return None
+        # Checked once the pid is known to be the worker's. The same kernel but another network: another host
+        # as far as we are concerned (a container sharing the host's pids, a test's simulated host).
+        if not cross_memory.same_network_namespace(header.worker_pid):
+            log.info("%s: the worker (pid %d) is in another network namespace: large arrays come over TCP",
+                     self._where, header.worker_pid)
+            return None
         log.debug("%s: the worker (pid %d) is on this host: copying large arrays from its memory", self._where,
                   header.worker_pid)
         return header.worker_pid
@@ -444,6 +477,10 @@ class TcpTransport:
             self.close()  # refused (or unproven) at the handshake: the connection is over
             raise
         self._last_used = time.monotonic()
+        if prefix:
+            out_of_band = sum(b.nbytes for b in buffers)
+            by_memory = bool(header.buffer_addresses)
+            _count_received(tcp=len(prefix) + (0 if by_memory else out_of_band), memory=out_of_band if by_memory else 0)
         if header.error_type == "NotFound":
             raise TransientError(header.error_message, answered=True)
         if header.error_type == "PermissionDenied":  # a wrong read key: retrying cannot help

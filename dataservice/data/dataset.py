@@ -532,6 +532,21 @@ class _ClosingIterator:
     def __iter__(self) -> "_ClosingIterator":
         return self
 
+    def stats(self) -> Any:
+        """What this iterator's consumer saw of the service so far (``client.reader.ReaderStats``: elements,
+        bytes, the time it waited for data — stall — and the elapsed time), over every distributed dataset
+        read in the pipeline, whatever transformations follow it; zeros when none was read.
+
+        Example::
+
+            >>> it = iter(ds.apply(distribute("distributed_epoch", target)).prefetch(2))
+            >>> for batch in it: ...
+            >>> it.stats().stall_fraction
+        """
+        from dataservice.client.distribute import reader_stats
+
+        return reader_stats(self._ctx)
+
     # tf.data.Iterator's methods. ``for`` and ``next()`` never go through them: ``__next__`` is the
     # inner iterator's own (plain StopIteration at the end, as TensorFlow's ``next()``).
     def get_next(self) -> Any:

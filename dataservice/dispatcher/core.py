@@ -29,7 +29,8 @@ import uuid
 from typing import Callable, Iterable, Optional, Protocol
 
 from dataservice import errors
-from dataservice.dispatcher import saves
+from dataservice.dispatcher import saves, scaling
+from dataservice.dispatcher.client_stats import ClientStats, LoadReports, WorkerRecommendation
 from dataservice.dispatcher.rpc_stats import RpcStats
 from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.service.auth import task_read_key
@@ -134,6 +135,12 @@ class DispatcherCore:
         self.rpc_stats = RpcStats()
         #: Recent decisions, for tests and the status page to assert on.
         self.events: collections.deque = collections.deque(maxlen=1000)
+        #: What clients (iterator.stats()) and workers (their producers' load) last reported: metrics,
+        #: soft state, never journaled (a restarted dispatcher learns them again from the next heartbeats).
+        self.load_reports = LoadReports()
+        #: The thresholds of recommended_workers() (see scaling.py); replace it to change the policy.
+        self.scaling_policy = scaling.ScalingPolicy()
+        self._scaling_state = scaling.ScalingState()
 
     # --- recording changes ------------------------------------------------------
     @property
@@ -417,6 +424,11 @@ class DispatcherCore:
             iteration = self.state.iterations[client.iteration_id]
             self._check_read_key(iteration, req.read_key, f"ClientHeartbeat for client {req.client_id}")
             self._client_seen[req.client_id] = self._clock()
+            if req.HasField("stats"):
+                self.load_reports.client_reported(
+                    req.client_id, iteration.job_id, iteration.iteration_id,
+                    self.state.jobs[iteration.job_id].name, req.stats.elements, req.stats.bytes,
+                    req.stats.stall_us / 1e6, req.stats.elapsed_us / 1e6, now=self._clock(), now_unix=time.time())
             if req.progress and not iteration.finished:
                 self._commit(state_pb2.Update(record_progress=state_pb2.RecordProgressUpdate(
                     iteration_id=iteration.iteration_id, progress=req.progress)))
@@ -459,6 +471,7 @@ class DispatcherCore:
         self._commit(state_pb2.Update(release_iteration_client=state_pb2.ReleaseIterationClientUpdate(
             client_id=client_id)))
         self._client_seen.pop(client_id, None)
+        self.load_reports.forget_client(client_id)
         iteration = self.state.iterations[iteration_id]
         if not iteration.clients:
             self._iteration_idle_since[iteration_id] = self._clock()
@@ -573,6 +586,9 @@ class DispatcherCore:
         worker = self.state.workers.get(address)
         self._worker_seen[address] = self._clock()
         self._worker_seen_unix[address] = time.time()
+        if req.HasField("load"):
+            self.load_reports.worker_reported(address, req.load.interval_us / 1e6, req.load.busy_us / 1e6,
+                                              req.load.running_tasks, now=self._clock())
         restarted = worker is not None and worker.uid != req.worker_uid
         if worker is None or restarted or worker.data_address != req.data_address:
             self._commit(state_pb2.Update(register_worker=state_pb2.RegisterWorkerUpdate(
@@ -947,10 +963,55 @@ class DispatcherCore:
                     self._commit(state_pb2.Update(prune_worker=state_pb2.PruneWorkerUpdate(worker_address=address)))
                     self._worker_seen.pop(address, None)
                     self._worker_seen_unix.pop(address, None)
+                    self.load_reports.forget_worker(address)
                     self._event("prune_worker", worker=address)
                     log.info("worker %s, silent for %d ms and without tasks, left the state", address,
                              self.config.job_gc_timeout_ms)
         return collected
+
+    # --- load: client stats and the scaling signal ------------------------------------
+    def client_stats(self) -> list[ClientStats]:
+        """Each current client's latest stats report (elements, bytes, stall), by client id. Soft state:
+        not journaled, so empty after a restart until the clients' next heartbeats (within a second).
+
+        Example::
+
+            >>> [(c.client_id, round(c.stall_fraction, 2)) for c in core.client_stats()]
+            [(1733400000000005, 0.31)]
+        """
+        with self._cond:
+            return self._client_reports()
+
+    def _client_reports(self) -> list[ClientStats]:
+        # Only clients the state still holds (a journal rollback may undo a join the report outlived).
+        return [c for c in self.load_reports.client_stats() if c.client_id in self.state.clients]
+
+    def recommended_workers(self) -> WorkerRecommendation:
+        """How many workers the cluster should have, from the clients' recent stall and the live workers'
+        busy fraction (``scaling.recommend`` with ``self.scaling_policy``; README: The scaling signal).
+
+        Example::
+
+            >>> core.recommended_workers()
+            WorkerRecommendation(count=3, current=2, reason='clients stall 40% of the time and the workers ...')
+        """
+        with self._cond:
+            now = self._clock()
+            live = [a for a in self.state.workers if not self._worker_lost(a)]
+            loads = [self.load_reports.worker_load(a).busy_fraction for a in live]
+            reported = [f for f in loads if f >= 0]
+            busy = sum(reported) / len(reported) if reported else None
+            clients = [c for c in self.load_reports.recent_clients(now) if c.client_id in self.state.clients]
+            stall = max((c.recent_stall_fraction for c in clients), default=None)
+            before = self._scaling_state.changed_to
+            recommendation, self._scaling_state = scaling.recommend(len(live), stall, busy, now, self._scaling_state,
+                                                                    self.scaling_policy)
+            if self._scaling_state.changed_to != before and recommendation.count != recommendation.current:
+                self._event("recommend_workers", count=recommendation.count, current=recommendation.current,
+                            reason=recommendation.reason)
+                log.info("recommended workers: %d (now %d): %s", recommendation.count, recommendation.current,
+                         recommendation.reason)
+            return recommendation
 
     # --- status -------------------------------------------------------------------
     def get_status(self, req: dispatcher_pb2.GetStatusRequest) -> dispatcher_pb2.GetStatusResponse:
@@ -966,6 +1027,9 @@ class DispatcherCore:
                 workers.append(dispatcher_pb2.WorkerStatus(
                     address=w.address, last_heartbeat_unix=self._worker_seen_unix.get(w.address, 0.0),
                     tasks=unfinished[:limit], num_tasks=len(unfinished)))
+                busy = self.load_reports.worker_load(w.address).busy_fraction
+                if busy >= 0:
+                    workers[-1].busy_fraction = busy
             datasets = [dispatcher_pb2.DatasetStatus(dataset_id=d.dataset_id, fingerprint=d.fingerprint,
                                                      num_splits=d.num_splits, size_bytes=len(d.dataset_def),
                                                      dataset_names=d.names[:limit])
@@ -987,11 +1051,21 @@ class DispatcherCore:
                 workers=len(s.workers), datasets=len(s.datasets), jobs=len(s.jobs), iterations=len(s.iterations),
                 tasks=len(s.tasks), clients=len(s.clients), jobs_finished=len(finished) + s.jobs_pruned,
                 jobs_pruned=s.jobs_pruned)
+            # The most stalled clients first: they are the ones to look at.
+            reports = sorted(self._client_reports(), key=lambda c: (-c.stall_fraction, c.client_id))
+            clients = [dispatcher_pb2.ClientStatus(
+                client_id=c.client_id, job_id=c.job_id, iteration_id=c.iteration_id, elements=c.elements,
+                bytes=c.bytes, stall_s=c.stall_s, elapsed_s=c.elapsed_s, stall_fraction=c.stall_fraction,
+                last_report_unix=c.last_report_unix, job_name=c.job_name) for c in reports[:limit]]
+        recommendation = self.recommended_workers()
         latency = [dispatcher_pb2.RpcLatency(method=m.method, calls=m.calls, p50_ms=m.p50_ms, p99_ms=m.p99_ms,
                                              max_ms=m.max_ms) for m in self.rpc_stats.summary()]
         return dispatcher_pb2.GetStatusResponse(workers=workers, datasets=datasets, jobs=jobs,
                                                 dispatcher_incarnation=self.incarnation, counts=counts,
-                                                rpc_latency=latency)
+                                                rpc_latency=latency, clients=clients,
+                                                scaling=dispatcher_pb2.ScalingStatus(
+                                                    count=recommendation.count, current=recommendation.current,
+                                                    reason=recommendation.reason))
 
 
 #: The longest worker address accepted: a host name is at most 253 characters, plus ":port".

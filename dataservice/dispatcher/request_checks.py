@@ -166,6 +166,15 @@ def _client_heartbeat(req: dispatcher_pb2.ClientHeartbeatRequest, config: Dispat
     _max_bytes(rpc, "read_key", req.read_key, MAX_KEY_BYTES)
     _task_ids(rpc, "stopped_tasks", req.stopped_tasks)
     _check_progress(rpc, req.progress)
+    if req.HasField("stats"):
+        _at_least(rpc, "stats.elements", req.stats.elements, 0)
+        _at_least(rpc, "stats.bytes", req.stats.bytes, 0)
+        _micros(rpc, "stats.elapsed_us", req.stats.elapsed_us)
+        _micros(rpc, "stats.stall_us", req.stats.stall_us)
+        if req.stats.stall_us > req.stats.elapsed_us:
+            raise errors.InvalidRequestError(f"{rpc}: stats.stall_us is {req.stats.stall_us:,}, more than "
+                                             f"stats.elapsed_us ({req.stats.elapsed_us:,}): a consumer cannot wait "
+                                             f"longer than it ran")
 
 
 def _release_iteration_client(req: dispatcher_pb2.ReleaseIterationClientRequest, config: DispatcherConfig) -> None:
@@ -186,6 +195,11 @@ def _worker_heartbeat(req: dispatcher_pb2.WorkerHeartbeatRequest, config: Dispat
     if len(req.current_saves) > MAX_TASK_IDS:
         raise errors.InvalidRequestError(f"{rpc}: current_saves has {len(req.current_saves):,} ids, more than "
                                          f"{MAX_TASK_IDS:,}")
+    if req.HasField("load"):
+        _micros(rpc, "load.interval_us", req.load.interval_us)
+        _micros(rpc, "load.busy_us", req.load.busy_us)
+        _micros(rpc, "load.blocked_us", req.load.blocked_us)
+        _in_range(rpc, "load.running_tasks", req.load.running_tasks, 0, MAX_TASK_IDS)
 
 
 def _get_split(req: dispatcher_pb2.GetSplitRequest, config: DispatcherConfig) -> None:
@@ -323,6 +337,15 @@ def _task_ids(rpc: str, field: str, ids) -> None:
     if ids and min(ids) <= 0:
         bad = next(itertools.filterfalse(lambda t: t > 0, ids))
         raise errors.InvalidRequestError(f"{rpc}: {field} holds the task id {bad}: ids are positive")
+
+
+#: Load and stats reports (ClientHeartbeat.stats, WorkerHeartbeat.load): durations in microseconds, at most
+#: about 31 years (a reader running for ten years stays far below).
+MAX_REPORTED_MICROS = 10 ** 15
+
+
+def _micros(rpc: str, field: str, value: int) -> None:
+    _in_range(rpc, field, value, 0, MAX_REPORTED_MICROS, "(microseconds)")
 
 
 def _positive_id(rpc: str, field: str, value: int) -> None:

@@ -24,11 +24,14 @@ from typing import Optional
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.grpc_service import add_dispatcher_service
 from dataservice.dispatcher.journaled_store import JournaledStore
+from dataservice.dispatcher.metrics import DispatcherMetrics
 from dataservice.service.config import DispatcherConfig
 from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.auth import ClusterAuth, warn_if_exposed
 from dataservice.service.config import bind_address
+from dataservice.service.http_status import HttpStatusServer
 from dataservice.service.rpc import create_server
+from prometheus_client import CollectorRegistry
 
 __all__ = ["DispatchServer"]
 
@@ -48,6 +51,7 @@ class DispatchServer:
         self._port: Optional[int] = None
         self._stopped = threading.Event()
         self._gc_thread: Optional[threading.Thread] = None
+        self._http: Optional[HttpStatusServer] = None
         if start:
             self.start()
 
@@ -73,6 +77,13 @@ class DispatchServer:
         """The address clients pass as ``service``: ``grpc://localhost:PORT``."""
         return f"grpc://localhost:{self.port}"
 
+    @property
+    def http_port(self) -> int:
+        """The port of /metrics, /status.json and the status page (``DispatcherConfig.http_port``)."""
+        if self._http is None:
+            raise RuntimeError("the dispatcher serves no HTTP: set DispatcherConfig.http_port (--http-port)")
+        return self._http.port
+
     def start(self) -> None:
         """Binds the port and starts serving; idempotent."""
         if self._server is not None:
@@ -87,6 +98,20 @@ class DispatchServer:
             if store is not None:
                 store.close()
             raise
+        if self._config.http_port is not None:
+            try:
+                registry = CollectorRegistry()
+                metrics = DispatcherMetrics(core)
+                registry.register(metrics)
+                http = HttpStatusServer(self._config.host, self._config.http_port, registry, metrics.status,
+                                        what="the dispatcher")
+                http.start()
+            except BaseException:
+                server.stop(None)
+                if store is not None:
+                    store.close()
+                raise
+            self._http = http
         self._core, self._store = core, store
         add_dispatcher_service(server, core)
         server.start()
@@ -139,6 +164,9 @@ class DispatchServer:
     def stop(self, grace_s: float = 0.5) -> None:
         """Stops serving; in-flight RPCs get ``grace_s`` seconds to finish."""
         self._stopped.set()
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         if self._server is not None:
             self._server.stop(grace_s).wait()
             self._server = None

@@ -43,6 +43,12 @@ def _check_port(port: int) -> None:
         raise ValueError(f"port must be an int in 0..65535 (0 picks a free port), got {port!r}")
 
 
+def _check_http_port(port: Optional[int]) -> None:
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536):
+        raise ValueError(f"http_port must be None (no HTTP) or an int in 0..65535 (0 picks a free port), "
+                         f"got {port!r}")
+
+
 def _check_protocol(protocol: str) -> None:
     if protocol not in _PROTOCOLS:
         raise ValueError(f"protocol must be one of {_PROTOCOLS}, got {protocol!r}")
@@ -151,6 +157,9 @@ class DispatcherConfig:
         after the damage are lost). Without it a damaged work_dir refuses to start.
       finished_jobs_kept: finished jobs the dispatcher keeps listing in its status (default 100); older
         ones leave the state, and only their count remains.
+      http_port: serve ``/metrics`` (Prometheus), ``/status.json`` and a status page ``/`` over plain HTTP
+        on this port, on ``host`` (``dataservice.service.http_status``); 0 picks a free one
+        (``DispatchServer.http_port``); None (the default): no HTTP. Read-only and unauthenticated.
     """
 
     port: int = 0
@@ -171,9 +180,11 @@ class DispatcherConfig:
     max_dataset_def_bytes: Optional[int] = None
     recover_journal: bool = False
     finished_jobs_kept: Optional[int] = None
+    http_port: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_port(self.port)
+        _check_http_port(self.http_port)
         _check_protocol(self.protocol)
         _check_access(self, "dispatcher")
         object.__setattr__(self, "tls", TlsSettings.for_server(self.tls_cert, self.tls_key, self.tls_client_ca))
@@ -227,6 +238,7 @@ class WorkerConfig:
         long of its first byte (default 10 s), or the connection is closed.
       data_max_connections: data-transfer connections served at once (default 1024); more are refused
         with an error naming the limit.
+      http_port: as for ``DispatcherConfig`` (``WorkerServer.http_port``): the worker's own metrics and page.
     """
 
     dispatcher_address: str
@@ -249,6 +261,7 @@ class WorkerConfig:
     data_idle_timeout_ms: Optional[int] = None
     data_request_timeout_ms: Optional[int] = None
     data_max_connections: Optional[int] = None
+    http_port: Optional[int] = None
 
     def __post_init__(self) -> None:
         channel_address(self.dispatcher_address, "dispatcher")
@@ -261,6 +274,7 @@ class WorkerConfig:
         object.__setattr__(self, "tls", tls)
         _check_port(self.port)
         _check_port(self.data_transfer_port)
+        _check_http_port(self.http_port)
         if self.data_transfer_protocol not in DATA_TRANSFER_PROTOCOLS:
             raise ValueError(f"data_transfer_protocol must be one of {DATA_TRANSFER_PROTOCOLS}, "
                              f"got {self.data_transfer_protocol!r}")

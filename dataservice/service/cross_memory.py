@@ -9,7 +9,10 @@ token the worker publishes) checks that the reader may read the worker's
 memory and that the pid it was given is that worker, not another process of
 the same number in another pid namespace. Where the probe fails (another host,
 another container, Yama's ``ptrace_scope`` forbidding it, not Linux), readers
-use TCP.
+use TCP. So does a reader whose worker is in another network namespace
+(``same_network_namespace``): it reached the worker over a network, and that is
+how it gets the data — a host's containers (or a test's simulated hosts) that
+share the pid space but not the network stay apart, as separate hosts would be.
 
 Example::
 
@@ -24,11 +27,11 @@ import ctypes.util
 import errno
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["available", "read_into", "address_of"]
+__all__ = ["available", "read_into", "address_of", "same_network_namespace"]
 
 #: The kernel's limit on iovecs per call (IOV_MAX).
 _MAX_IOV = 1024
@@ -58,6 +61,27 @@ _process_vm_readv = _load()
 def available() -> bool:
     """Whether this platform has ``process_vm_readv`` (whether a given worker allows it, only a probe tells)."""
     return _process_vm_readv is not None
+
+
+def _network_namespace(pid: Union[int, str]) -> tuple[int, int]:
+    # A namespace is named by the (device, inode) of its nsfs file.
+    info = os.stat(f"/proc/{pid}/ns/net")
+    return info.st_dev, info.st_ino
+
+
+def same_network_namespace(pid: int) -> bool:
+    """Whether process ``pid`` is in this process's network namespace (Linux); False when that cannot be
+    told (no /proc, or not allowed to look: then memory reads would not be allowed either).
+
+    Example::
+
+        >>> same_network_namespace(os.getpid())
+        True
+    """
+    try:
+        return _network_namespace(pid) == _network_namespace("self")
+    except OSError:
+        return False
 
 
 def address_of(buffer) -> int:

@@ -157,9 +157,11 @@ class DispatcherClient:
             job_id=job_id, repetition=repetition, request_token=secrets.token_bytes(16)))
 
     def client_heartbeat(self, client_id: int, progress: Sequence = (), stopped_tasks: Sequence[int] = (),
-                         read_key: bytes = b"") -> dispatcher_pb2.ClientHeartbeatResponse:
+                         read_key: bytes = b"", stats: Optional[dispatcher_pb2.ReaderStatsReport] = None
+                         ) -> dispatcher_pb2.ClientHeartbeatResponse:
+        """``stats``: the reader's counters (``ReaderStats``), for the dispatcher's status and scaling signal."""
         return self._call("ClientHeartbeat", dispatcher_pb2.ClientHeartbeatRequest(
-            client_id=client_id, progress=progress, stopped_tasks=stopped_tasks, read_key=read_key))
+            client_id=client_id, progress=progress, stopped_tasks=stopped_tasks, read_key=read_key, stats=stats))
 
     def release_iteration_client(self, client_id: int, timeout_s: float = 2.0, read_key: bytes = b"") -> None:
         self._call("ReleaseIterationClient", dispatcher_pb2.ReleaseIterationClientRequest(

@@ -25,6 +25,8 @@ import time
 import uuid
 from typing import Optional
 
+from prometheus_client import CollectorRegistry
+
 from dataservice import errors
 from dataservice.data.serialization import deserialize_dataset
 from dataservice.proto import dispatcher_pb2
@@ -33,10 +35,12 @@ from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.auth import ClusterAuth, warn_if_exposed
 from dataservice.service.config import bind_address
+from dataservice.service.http_status import HttpStatusServer
 from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.grpc_service import add_worker_service
 from dataservice.worker.memory_budget import MemoryBudget
+from dataservice.worker.metrics import ProductionCounters, WorkerMetrics
 from dataservice.worker.save_runner import SaveRunner
 from dataservice.worker.task_runner import TaskRunner
 
@@ -94,12 +98,39 @@ class WorkerServer:
         self.data_address = ""
         self._dispatcher: Optional[DispatcherClient] = None
         self._heartbeat_thread: Optional[threading.Thread] = None
+        # The load report's baseline (_load_report): each task's load_counters() at the last heartbeat.
+        self._load_seen: dict[int, tuple[float, float]] = {}
+        self._load_reported_at = time.monotonic()
+        #: What the tasks hand to readers, per job and in all (``worker/metrics.py``; /metrics).
+        self.production = ProductionCounters()
+        self._http: Optional[HttpStatusServer] = None
         if start:
             self.start()
 
     @property
     def config(self) -> WorkerConfig:
         return self._config
+
+    @property
+    def http_port(self) -> int:
+        """The port of /metrics, /status.json and the status page (``WorkerConfig.http_port``)."""
+        if self._http is None:
+            raise RuntimeError("the worker serves no HTTP: set WorkerConfig.http_port (--http-port)")
+        return self._http.port
+
+    def task_runners(self) -> list[TaskRunner]:
+        """The tasks this worker holds now (for the metrics and the status page)."""
+        with self._cond:
+            return list(self._tasks.values())
+
+    def loaded_pipelines(self) -> dict[int, object]:
+        """The pipelines loaded here, by dataset id: the cached ones and those of the current tasks."""
+        with self._cond:
+            pipelines = dict(self._datasets)
+            runners = list(self._tasks.values())
+        for runner in runners:
+            pipelines.setdefault(runner.task_def.dataset_id, runner._dataset)
+        return pipelines
 
     @property
     def port(self) -> int:
@@ -121,6 +152,18 @@ class WorkerServer:
         self.address = self._config.worker_address.replace("%port%", str(port))
         self._uid = uuid.uuid4().hex
         add_worker_service(server, self)
+        if self._config.http_port is not None:
+            registry = CollectorRegistry()
+            metrics = WorkerMetrics(self)
+            registry.register(metrics)
+            http = HttpStatusServer(self._config.host, self._config.http_port, registry, metrics.status,
+                                    what="the worker")
+            try:
+                http.start()
+            except BaseException:
+                server.stop(None)
+                raise
+            self._http = http
         server.start()
         self._server = server
         self.data_address = ""
@@ -196,7 +239,7 @@ class WorkerServer:
                                 "without read keys (replayed from an old journal), so this worker serves its "
                                 "elements to any client that asks", task_def.task_id, task_def.iteration_id)
                 runners.append(TaskRunner(task_def, dataset, self._dispatcher, self.address,
-                                          budget=self.memory_budget, start=False))
+                                          budget=self.memory_budget, start=False, counters=self.production))
             except Exception:
                 log.exception("cannot start task %d", task_def.task_id)
         if not runners:
@@ -277,7 +320,26 @@ class WorkerServer:
             worker_address=self.address, worker_uid=self._uid,
             current_tasks=[r.task_id for r in runners],
             finished_tasks=[r.task_id for r in runners if r.finished], wait_ms=wait_ms,
-            data_address=self.data_address, current_saves=saves)
+            data_address=self.data_address, current_saves=saves, load=self._load_report(runners))
+
+    def _load_report(self, runners: list) -> dispatcher_pb2.WorkerLoadReport:
+        """How busy the tasks' producers were since the previous heartbeat (the dispatcher's scaling
+        signal): per task the growth of its ``load_counters()``, summed. A task deleted in between
+        takes its last interval with it."""
+        now = time.monotonic()
+        seen, busy, blocked, running = {}, 0.0, 0.0, 0
+        for runner in runners:
+            ran, was_blocked = seen[runner.task_id] = runner.load_counters()
+            ran_before, blocked_before = self._load_seen.get(runner.task_id, (0.0, 0.0))
+            d_ran, d_blocked = ran - ran_before, max(0.0, was_blocked - blocked_before)
+            if d_ran > 0:
+                running += 1
+                busy += max(0.0, d_ran - d_blocked)
+                blocked += min(d_blocked, d_ran)
+        self._load_seen = seen
+        interval, self._load_reported_at = now - self._load_reported_at, now
+        return dispatcher_pb2.WorkerLoadReport(interval_us=int(interval * 1e6), busy_us=int(busy * 1e6),
+                                               blocked_us=int(blocked * 1e6), running_tasks=running)
 
     def _heartbeat_loop(self) -> None:
         wait_ms = 0  # the first heartbeat registers at once
@@ -333,6 +395,9 @@ class WorkerServer:
     def stop(self, grace_s: float = 0.5) -> None:
         """Stops serving and heartbeating; running tasks end."""
         self._stopped.set()
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         with self._cond:
             runners = list(self._tasks.values())
             self._tasks.clear()

@@ -73,10 +73,12 @@ def approximate_size(element: Any) -> int:
 
 class TaskRunner:
     """One task; ``budget`` is the worker's (None: this task's own, of ``BUFFER_BYTES``). ``start=False``
-    defers the pipeline to the first ``take`` (or ``start()``)."""
+    defers the pipeline to the first ``take`` (or ``start()``). ``counters``: the worker's
+    ``ProductionCounters`` (``worker/metrics.py``), told what each ``take`` hands out (once per batch)."""
 
     def __init__(self, task_def: dispatcher_pb2.TaskDef, dataset: Dataset, dispatcher: DispatcherClient,
-                 worker_address: str, budget: Optional[MemoryBudget] = None, start: bool = True):
+                 worker_address: str, budget: Optional[MemoryBudget] = None, start: bool = True,
+                 counters: Any = None):
         self.task_def = task_def
         self.task_id = task_def.task_id
         #: What every GetElements for this task must carry (empty: not checked; see responses.prepare).
@@ -95,6 +97,15 @@ class TaskRunner:
         self._credit = 0
         self._reserving = False
         self._thread: Optional[threading.Thread] = None
+        # The producer's load (load_counters), under _cond: when it ran, and how long it was blocked on a
+        # full buffer or the memory budget. Clock reads only where it blocks, never per element.
+        self._ran_from: Optional[float] = None
+        self._ran_until: Optional[float] = None
+        self._blocked_s = 0.0
+        self._blocked_since: Optional[float] = None
+        self._counters = counters
+        #: time.monotonic() when the pipeline started (None before): the status page's rates.
+        self.started_at: Optional[float] = None
         if start:
             self.start()
 
@@ -121,6 +132,12 @@ class TaskRunner:
             return self._buffered_bytes
 
     @property
+    def buffered_elements(self) -> int:
+        """Entries buffered ahead of readers (elements, and a marker per split end)."""
+        with self._cond:
+            return len(self._buffer)
+
+    @property
     def thread(self) -> Optional[threading.Thread]:
         """The producer thread, once started."""
         with self._cond:
@@ -133,13 +150,39 @@ class TaskRunner:
 
     def _start_locked(self) -> None:
         if self._thread is None and not self._stop.is_set():
+            self.started_at = time.monotonic()
             self._thread = threading.Thread(target=self._produce, name=f"dataservice-task-{self.task_id}",
                                             daemon=True)
             self._thread.start()
             log.info("started task %d (iteration %d, dataset %d)", self.task_id, self.task_def.iteration_id,
                      self.task_def.dataset_id)
 
+    def load_counters(self) -> tuple[float, float]:
+        """``(running_s, blocked_s)`` of the producer so far: how long it has run (0 before it started),
+        and how much of that it was blocked on a full buffer or the worker's memory budget (a block in
+        progress included). The rest it was busy producing. Cumulative: a worker's heartbeat reports the
+        differences (``WorkerLoadReport``), the dispatcher's scaling signal uses them.
+
+        Example::
+
+            >>> running_s, blocked_s = runner.load_counters()
+            >>> busy_fraction = (running_s - blocked_s) / running_s
+        """
+        with self._cond:
+            if self._ran_from is None:
+                return 0.0, 0.0
+            now = time.monotonic()
+            blocked = self._blocked_s + (now - self._blocked_since if self._blocked_since is not None else 0.0)
+            return (self._ran_until if self._ran_until is not None else now) - self._ran_from, blocked
+
+    def _blocked_from(self, since: float) -> None:
+        """The producer was blocked from ``since`` until now (under _cond)."""
+        self._blocked_since = None
+        self._blocked_s += time.monotonic() - since
+
     def _produce(self) -> None:
+        with self._cond:
+            self._ran_from = time.monotonic()
         try:
             if self.task_def.processing_mode == state_pb2.DISTRIBUTED_EPOCH:
                 # The dispatcher hands out groups of splits, as many as the dataset was registered with.
@@ -177,6 +220,9 @@ class TaskRunner:
         finally:
             with self._cond:
                 self._produced_all = True
+                self._ran_until = time.monotonic()
+                if self._blocked_since is not None:  # reserve() raised: the block ended with the producer
+                    self._blocked_from(self._blocked_since)
                 leftover, self._credit = self._credit, 0
                 if leftover:
                     self._account.release(leftover)  # nothing more to produce: the credit goes back
@@ -209,9 +255,15 @@ class TaskRunner:
         the element's bytes are reserved, with up to ``CREDIT_BYTES`` more as the next credit."""
         size = entry[1]
         with self._cond:
-            while (len(self._buffer) >= BUFFER_ELEMENTS or self._buffered_bytes >= BUFFER_BYTES) \
+            if (len(self._buffer) >= BUFFER_ELEMENTS or self._buffered_bytes >= BUFFER_BYTES) \
                     and not self._stop.is_set():
-                self._cond.wait()
+                self._blocked_since = since = time.monotonic()  # full: readers are slower than we produce
+                try:
+                    while (len(self._buffer) >= BUFFER_ELEMENTS or self._buffered_bytes >= BUFFER_BYTES) \
+                            and not self._stop.is_set():
+                        self._cond.wait()
+                finally:
+                    self._blocked_from(since)
             if self._stop.is_set():
                 return False
             if size <= self._credit:
@@ -221,11 +273,14 @@ class TaskRunner:
             # Returned first: with nothing buffered, this task then holds nothing and may always put one.
             leftover, self._credit = self._credit, 0
             self._reserving = True  # take() keeps no credit meanwhile (see there)
+            # Counted as blocked: once per CREDIT_BYTES of small elements, and it waits when the budget is full.
+            self._blocked_since = since = time.monotonic()
         if leftover:
             self._account.release(leftover)
         # Not under our lock: readers must be able to take (and so free budget) while we wait.
         granted = self._account.reserve(size, CREDIT_BYTES)
         with self._cond:
+            self._blocked_from(since)
             self._reserving = False
             if not granted:
                 return False
@@ -277,6 +332,8 @@ class TaskRunner:
                 else:
                     runs.append([stream, split, offset, 1, -1])
             self._buffered_bytes -= taken_bytes
+            if out and self._counters is not None:
+                self._counters.add(self.task_def.job_id, len(out), taken_bytes)
             # Taken bytes become the producer's credit, up to CREDIT_BYTES; the rest goes back to the budget.
             self._credit += taken_bytes
             # An ended producer needs no credit; one waiting for the budget must see this task's
@@ -306,6 +363,8 @@ class TaskRunner:
             if self._stop.is_set():
                 return  # deleted meanwhile: nobody will read them
             nbytes = sum(e[1] for e in entries)
+            if elements and self._counters is not None:
+                self._counters.add(self.task_def.job_id, -len(elements), -nbytes)  # handed out again later
             self._account.charge(nbytes)  # in memory already: no waiting for the budget
             self._buffer.extendleft(reversed(entries))
             self._buffered_bytes += nbytes
