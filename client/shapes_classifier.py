@@ -97,13 +97,10 @@ def train_shapes(service: str, data_dir: Optional[str] = None, epochs: int = 3, 
     if not builder.is_prepared:
         print(f"preparing shapes in {builder.data_dir} ...", file=out, flush=True)
         builder.download_and_prepare()
-    train = catalogue.load("shapes", split="train[:90%]", data_dir=data_dir, as_supervised=True,
-                           shuffle_files=True)
+    train = builder.as_dataset(split="train[:90%]", as_supervised=True, shuffle_files=True)
     pipeline = train.map(normalize).shuffle(2048).batch(batch_size)
-    val_images, val_labels = catalogue.load("shapes", split="train[90%:]", data_dir=data_dir, as_supervised=True,
-                                            batch_size=-1)
-    test_images, test_labels = catalogue.load("shapes", split="test", data_dir=data_dir, as_supervised=True,
-                                              batch_size=-1)
+    val_images, val_labels = builder.as_dataset(split="train[90%:]", as_supervised=True, batch_size=-1)
+    test_images, test_labels = builder.as_dataset(split="test", as_supervised=True, batch_size=-1)
     model = _MLP()
     result = ShapesResult([], [], 0.0)
     for epoch in range(1, epochs + 1):

@@ -38,7 +38,7 @@ def _quiet_grpc_core() -> None:
 
 _quiet_grpc_core()
 
-from dataservice import catalogue, errors
+from dataservice import errors
 from dataservice.client.distribute import ShardingPolicy, distribute, from_dataset_id, register_dataset
 from dataservice.client.distributed_save import distributed_save
 from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
@@ -85,3 +85,12 @@ __all__ = [
     "shuffle_and_repeat",
     "snapshot",
 ]
+
+
+def __getattr__(name: str):
+    # The catalogue (TFDS-style datasets) is imported on first use: servers and most clients never need it.
+    if name == "catalogue":
+        import importlib
+
+        return importlib.import_module("dataservice.catalogue")
+    raise AttributeError(f"module 'dataservice' has no attribute {name!r}")

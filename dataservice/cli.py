@@ -434,7 +434,7 @@ def _make_work_dir(work_dir: Optional[str]) -> None:
 def _shown_host(host: Optional[str]) -> str:
     """The host to print in "listening on": the one given with --host, unless it is every interface
     (0.0.0.0, ::) or none, where localhost reaches the server from this machine."""
-    if not host or host in ("0.0.0.0", "::", "[::]"):
+    if not host or host in ("0.0.0.0", "::", "[::]"):  # every interface: this machine reaches it as localhost
         return "localhost"
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
@@ -473,8 +473,7 @@ def _http_lines(servers: list) -> list[str]:
     for server in servers:
         if server.config.http_port is None:
             continue
-        host = server.config.host
-        host = "localhost" if host in ("", "::", "[::]", "0.0.0.0") else f"[{host}]" if ":" in host else host
+        host = _shown_host(server.config.host)
         what = "dispatcher" if isinstance(server, DispatchServer) else f"worker {server.address}"
         lines.append(f"{what} serves /metrics, /status.json and its status page on http://{host}:{server.http_port}/")
     return lines

@@ -585,3 +585,20 @@ def test_the_datasets_command_builds_and_lists(tmp_path):
     assert wrong.returncode == 2 and "error: no dataset named 'nope'" in wrong.stderr and "Traceback" not in wrong.stderr
     version = run_cli(tmp_path, "build", "shapes:2.*.*", "--data-dir", data_dir)
     assert version.returncode == 2 and "Available versions: 1.0.0" in version.stderr
+
+
+def test_a_preparation_leaves_a_live_concurrent_preparation_alone(tmp_path):
+    """Another process preparing the same dataset holds its attempt's lock: it is not swept."""
+    from dataservice.data.attempts import Attempt
+
+    parent = tmp_path / "cat_numbers"
+    parent.mkdir()
+    other = Attempt(str(parent), prefix="incomplete.", suffix="_1.0.0")  # a live writer's attempt
+    try:
+        b = catalogue.builder("cat_numbers", data_dir=str(tmp_path))
+        b.download_and_prepare()
+        assert b.is_prepared and os.path.isdir(other.directory)
+        assert not other.commit(b.data_dir)  # the place is taken: the latecomer discards its attempt
+        assert sorted(os.listdir(parent)) == ["1.0.0"]
+    finally:
+        other.discard()

@@ -219,7 +219,9 @@ class DatasetBuilder:
         with incomplete_directory(self.data_dir) as tmp:
             info.set_splits(self._prepare_splits(tmp, manager, info, config))
             info.write_to_directory(tmp)
-        self._info_cache = None
+        if self.is_prepared:  # ours, or another preparation's that committed first: the same splits
+            info.data_dir = self.data_dir
+            self._info_cache = info
 
     def _preparable(self) -> str:
         canonical, supported = self._declared_versions()
@@ -374,7 +376,6 @@ class ReadOnlyBuilder(DatasetBuilder):
             root = os.path.dirname(root)
         self._data_dir_root = os.path.dirname(root)
         self._directory = directory
-        self._disk_info = info
         self._info_cache = info
 
     @property
@@ -382,11 +383,11 @@ class ReadOnlyBuilder(DatasetBuilder):
         return self._directory
 
     def _info(self) -> DatasetInfo:
-        return self._disk_info
+        return self._info_cache
 
     @property
     def info(self) -> DatasetInfo:
-        return self._disk_info
+        return self._info_cache
 
     def _declared_versions(self) -> tuple[Version, list[Version]]:
         return self._version, []

@@ -13,9 +13,10 @@ unless the caller fixes it.
 Memory stays bounded: past ``MAX_MEMORY_BYTES`` of records the split spills to 1,000 bucket files
 by hash prefix, each sorted on its own when the shards are written.
 
-Everything is written to ``<name>[/<config>]/incomplete.<random>_<version>/`` and renamed to the
-version directory at the end, so a killed preparation leaves nothing that a reader would take for
-a prepared dataset (the next preparation sweeps it).
+Everything is written to ``<name>[/<config>]/incomplete.<host>-<pid>-<random>_<version>/`` (locked
+while its writer lives) and renamed to the version directory at the end, so a killed preparation
+leaves nothing that a reader would take for a prepared dataset (the next preparation sweeps it), and
+two preparations at once never disturb each other.
 
 Example::
 
@@ -39,6 +40,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from dataservice.catalogue.dataset_info import DEFAULT_FILEPATH_TEMPLATE, SplitInfo
+from dataservice.data.attempts import Attempt, fsync_tree_dirs, sweep_stale_attempts
 from dataservice.data.readers.tfrecord import TFRecordWriter
 
 __all__ = ["KeyOrder", "SplitWriter", "number_of_shards", "shard_boundaries", "incomplete_directory",
@@ -224,18 +226,19 @@ class SplitWriter:
 def incomplete_directory(final_dir: str) -> Iterator[str]:
     """A fresh directory beside ``final_dir``, renamed to it on success and deleted on failure.
 
-    Leftovers of killed preparations (``incomplete.*`` beside it) are swept first.
+    It is an ``Attempt`` (``dataservice/data/attempts.py``, as a snapshot's writers use): locked while
+    its preparation lives, so a concurrent preparation never sweeps it, and swept by the next one once
+    its writer died (SIGKILL included). Should another preparation commit first, this one's directory
+    is discarded: the dataset is prepared.
     """
     parent = os.path.dirname(final_dir)
     os.makedirs(parent, exist_ok=True)
-    version = os.path.basename(final_dir)
-    for entry in os.listdir(parent):
-        if entry.startswith(_INCOMPLETE_PREFIX) and entry.endswith("_" + version):
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=_INCOMPLETE_PREFIX, suffix="_" + version, dir=parent)
+    sweep_stale_attempts(parent, prefix=_INCOMPLETE_PREFIX)
+    attempt = Attempt(parent, prefix=_INCOMPLETE_PREFIX, suffix="_" + os.path.basename(final_dir))
     try:
-        yield tmp
-        os.rename(tmp, final_dir)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        yield attempt.directory
+        fsync_tree_dirs(attempt.directory)
+        attempt.commit(final_dir)
+    except BaseException:
+        attempt.discard()
+        raise

@@ -82,11 +82,7 @@ class DistributedIterator(_ClosingIterator):
         (20, 20)
     """
 
-    __slots__ = ()
-
-    def stats(self) -> ReaderStats:
-        """Elements and bytes taken, and the time the consumer waited inside ``next()`` (``ReaderStats``)."""
-        return reader_stats(self._ctx)
+    __slots__ = ()  # stats(): the pipeline iterator's own (``_ClosingIterator.stats``)
 
 
 _MODES = {"parallel_epochs": state_pb2.PARALLEL_EPOCHS, "distributed_epoch": state_pb2.DISTRIBUTED_EPOCH}

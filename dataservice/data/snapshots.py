@@ -31,19 +31,15 @@ Example::
 from __future__ import annotations
 
 import collections
-import errno
-import fcntl
 import hashlib
 import os
 import pickletools
-import secrets
-import shutil
-import socket
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from dataservice import errors
+from dataservice.data.attempts import Attempt, fsync_tree_dirs, sweep_stale_attempts
 from dataservice.data.background import Pump
 from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorContext
 from dataservice.data.options import default_parallelism
@@ -296,7 +292,7 @@ class SnapshotDataset(_UnaryDataset):
         attempts = os.path.join(run_dir, ATTEMPTS_DIR)
         os.makedirs(attempts, exist_ok=True)
         sweep_stale_attempts(attempts)
-        attempt = _Attempt(attempts)
+        attempt = Attempt(attempts)
         shard_func = self._shard_func
         num_shards = default_parallelism()
         where = f"{self._describe()} shard_func"
@@ -342,7 +338,7 @@ class SnapshotDataset(_UnaryDataset):
                                                        for name, w in chunks[shard]]}
                            for shard in sorted(chunks)],
             }
-            _fsync_tree_dirs(attempt.directory)
+            fsync_tree_dirs(attempt.directory)
             save_format.write_metadata(attempt.directory, metadata)
             attempt.commit(os.path.join(run_dir, COMMITTED_DIR))
         except BaseException:
@@ -471,99 +467,3 @@ def read_snapshot_metadata(committed: str) -> dict:
     return metadata
 
 
-# --- attempts: one writer's private directory, and the stale-attempt rule -------------------
-
-class _Attempt:
-    """A writer's directory under ``attempts/``, with its lock file flock'ed for as long as it lives.
-
-    The lock file is made before the directory, and a sweeper removes the directory before the lock
-    file, so a directory without its lock file is never left behind.
-    """
-
-    def __init__(self, attempts: str):
-        host = socket.gethostname().replace(os.sep, "_") or "host"
-        while True:
-            name = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
-            lock_path = os.path.join(attempts, name + ".lock")
-            fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    os.close(fd)
-                    raise
-                # A filesystem without locks: the attempt is never swept as stale while its file exists.
-            # A sweeper may have taken the unlocked file between open and flock, and unlinked it.
-            if os.fstat(fd).st_nlink > 0:
-                break
-            os.close(fd)
-        self._fd: Optional[int] = fd
-        self._lock_path = lock_path
-        self.directory = os.path.join(attempts, name)
-        os.mkdir(self.directory)
-
-    def commit(self, committed: str) -> bool:
-        """Renames the attempt to ``committed``; False when another writer committed first."""
-        try:
-            os.rename(self.directory, committed)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            # Another writer finished first; its snapshot holds the same pipeline's output.
-            self.discard()
-            return False
-        _save_format().fsync_directory(os.path.dirname(committed))
-        self._release()
-        return True
-
-    def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self._release()
-
-    def _release(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            os.unlink(self._lock_path)
-        except FileNotFoundError:
-            pass
-        os.close(self._fd)
-        self._fd = None
-
-
-def sweep_stale_attempts(attempts: str) -> list[str]:
-    """Removes the attempts whose writer is gone (its flock is free: the kernel drops a process's locks
-    when it dies, SIGKILL included); returns their names. A live writer's attempt is left alone."""
-    swept = []
-    try:
-        names = os.listdir(attempts)
-    except FileNotFoundError:
-        return swept
-    for name in names:
-        if not name.endswith(".lock"):
-            continue
-        lock_path = os.path.join(attempts, name)
-        try:
-            fd = os.open(lock_path, os.O_RDWR)
-        except FileNotFoundError:
-            continue  # its writer finished, or another sweeper took it
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # held: a live writer (or no locks here: never assume a writer dead)
-            if os.fstat(fd).st_nlink == 0:
-                continue  # removed between listdir and open
-            shutil.rmtree(os.path.join(attempts, name[:-len(".lock")]), ignore_errors=True)
-            os.unlink(lock_path)
-            swept.append(name[:-len(".lock")])
-        finally:
-            os.close(fd)
-    return swept
-
-
-def _fsync_tree_dirs(root: str) -> None:
-    """fsyncs the directories under ``root`` and ``root``: the shard directories' entries are durable
-    before the rename that commits them."""
-    for directory, _, _ in os.walk(root, topdown=False):
-        _save_format().fsync_directory(directory)

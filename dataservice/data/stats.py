@@ -720,7 +720,3 @@ def without_aggregator(options: Any) -> Any:
     return out
 
 
-def wants_all_edges(options: Any) -> bool:
-    """Whether a root iterator under ``options`` times every edge (an aggregator and latency_all_edges)."""
-    stats = options.experimental_stats
-    return bool(stats.latency_all_edges) and stats.aggregator is not None

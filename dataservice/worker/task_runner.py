@@ -332,8 +332,6 @@ class TaskRunner:
                 else:
                     runs.append([stream, split, offset, 1, -1])
             self._buffered_bytes -= taken_bytes
-            if out and self._counters is not None:
-                self._counters.add(self.task_def.job_id, len(out), taken_bytes)
             # Taken bytes become the producer's credit, up to CREDIT_BYTES; the rest goes back to the budget.
             self._credit += taken_bytes
             # An ended producer needs no credit; one waiting for the budget must see this task's
@@ -345,7 +343,11 @@ class TaskRunner:
             if out or runs:
                 self._cond.notify_all()
             ended = self._produced_all and not buffer
-            return out, runs, ended, (self._error if ended else None)
+            error = self._error if ended else None
+        # Counted outside this task's lock: the counters' lock is the whole worker's.
+        if out and self._counters is not None:
+            self._counters.add(self.task_def.job_id, len(out), taken_bytes)
+        return out, runs, ended, error
 
     def untake(self, elements: list, runs: list) -> None:
         """Puts back what ``take`` returned, in order, when it could not be delivered
@@ -363,12 +365,12 @@ class TaskRunner:
             if self._stop.is_set():
                 return  # deleted meanwhile: nobody will read them
             nbytes = sum(e[1] for e in entries)
-            if elements and self._counters is not None:
-                self._counters.add(self.task_def.job_id, -len(elements), -nbytes)  # handed out again later
             self._account.charge(nbytes)  # in memory already: no waiting for the budget
             self._buffer.extendleft(reversed(entries))
             self._buffered_bytes += nbytes
             self._cond.notify_all()
+        if elements and self._counters is not None:
+            self._counters.add(self.task_def.job_id, -len(elements), -nbytes)  # handed out again later
 
     def stop(self) -> None:
         """Ends the task now: drops its buffer, returns its bytes to the budget and wakes its

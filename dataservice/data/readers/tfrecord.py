@@ -227,11 +227,7 @@ class TFRecordWriter:
                 record = bytes(memoryview(record))
             except TypeError:
                 raise TypeError(f"TFRecordWriter.write expects bytes, got {type(record).__name__}") from None
-        crc = crc32c(record)
-        write = self._out.write
-        write(self._header(len(record)))
-        write(record)
-        write(_pack_u32(((crc >> 15 | crc << 17) + _MASK_DELTA) & _U32))
+        self._write_record(record)
 
     def _write_dataset(self, dataset: Any) -> None:
         from dataservice.data import specs
