@@ -250,10 +250,17 @@ class Dataset:
     # --- options -----------------------------------------------------------------
     def options(self) -> Options:
         """The options in force: the inputs' merged, then this node's."""
+        return self._merged_options().read_only()  # as tf.data: setting one would have no effect, so it raises
+
+    def _merged_options(self) -> Options:
+        # Merged down the tree without a read-only copy per node: ``options()`` makes one at the top.
+        inputs = self._inputs()
+        if len(inputs) == 1:
+            return inputs[0]._merged_options()
         merged = Options()
-        for node in self._inputs():
-            merged = merged.merge(node.options())
-        return merged.read_only()  # as tf.data: setting an option on it would have no effect, so it raises
+        for node in inputs:
+            merged = merged.merge(node._merged_options())
+        return merged
 
     def with_options(self, options: Options) -> "Dataset":
         """Returns this pipeline with ``options`` set (later settings win)."""

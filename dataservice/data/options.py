@@ -76,25 +76,31 @@ class _OptionsGroup:
             raise ValueError(
                 f"cannot set {type(self).__name__}.{name}: these are the options Dataset.options() returned, and "
                 "changing them would have no effect. Set options with Dataset.with_options(options).")
-        field = self._fields().get(name)
-        if field is None:
-            known = ", ".join(sorted(self._fields()) + sorted(type(self)._ALIASES))
+        defaults = self._defaults()
+        if name not in defaults:
+            known = ", ".join(sorted(defaults) + sorted(type(self)._ALIASES))
             raise AttributeError(f"{type(self).__name__} has no option {name!r} (its options: {known})")
-        default = _default(field)
+        default = defaults[name]
         if isinstance(default, _OptionsGroup) and not isinstance(value, type(default)):
             raise TypeError(f"{name} must be a {type(default).__name__}, got {type(value).__name__}")
         self._check(name, value)
         object.__setattr__(self, name, value)
 
     @classmethod
-    def _fields(cls) -> dict:
-        return {f.name: f for f in dataclasses.fields(cls)}
+    def _defaults(cls) -> dict:
+        """Each option's default, by name, made once per class (a group's default instance is only
+        compared with and type-checked against, never changed)."""
+        cached = cls.__dict__.get("_defaults_cache")
+        if cached is None:
+            cached = {f.name: _default(f) for f in dataclasses.fields(cls)}
+            type.__setattr__(cls, "_defaults_cache", cached)
+        return cached
 
     def _merged(self, other: "_OptionsGroup") -> "_OptionsGroup":
         out = copy.copy(self)
         out.__dict__.pop("_read_only", None)
-        for name, field in self._fields().items():
-            mine, theirs, default = getattr(self, name), getattr(other, name), _default(field)
+        for name, default in self._defaults().items():
+            mine, theirs = getattr(self, name), getattr(other, name)
             if isinstance(default, _OptionsGroup):
                 value = mine._merged(theirs)
             else:
@@ -104,8 +110,8 @@ class _OptionsGroup:
 
     def _frozen(self) -> "_OptionsGroup":
         out = copy.copy(self)
-        for name, field in self._fields().items():
-            if isinstance(_default(field), _OptionsGroup):
+        for name, default in self._defaults().items():
+            if isinstance(default, _OptionsGroup):
                 object.__setattr__(out, name, getattr(self, name)._frozen())
         object.__setattr__(out, "_read_only", True)
         return out

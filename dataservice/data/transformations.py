@@ -156,8 +156,8 @@ class _OptionsDataset(_UnaryDataset):
             raise TypeError(f"with_options expects an Options, got {type(options).__name__}")
         self._options = options
 
-    def options(self) -> Options:
-        return self._input.options().merge(self._options).read_only()
+    def _merged_options(self) -> Options:
+        return self._input._merged_options().merge(self._options)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         return self._input._iterator(ctx)
