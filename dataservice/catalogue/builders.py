@@ -39,6 +39,7 @@ from dataservice.catalogue.preparation import KeyOrder, SplitWriter, incomplete_
 from dataservice.catalogue.reading import AUTOCACHE_MAX_BYTES, ReadConfig, read_file_instructions
 from dataservice.catalogue.versions import Version, resolve_version
 from dataservice.data.dataset import Dataset
+from dataservice.data.structure import map_structure
 
 __all__ = ["BuilderConfig", "DatasetBuilder", "GeneratorBasedBuilder", "ReadOnlyBuilder", "default_data_dir",
            "camel_to_snake"]
@@ -295,20 +296,14 @@ class DatasetBuilder:
 
 
 class _SupervisedLookup:
-    """Picks the supervised keys out of a features dict: ``(input, label)``, nested as declared."""
+    """Picks the supervised keys out of a features dict: ``(input, label)``, nested as declared (a class,
+    not a lambda, so that the pipeline pickles by reference)."""
 
     def __init__(self, keys: Any):
         self._keys = keys
 
     def __call__(self, features: dict) -> Any:
-        return self._pick(self._keys, features)
-
-    def _pick(self, keys: Any, features: dict) -> Any:
-        if isinstance(keys, str):
-            return features[keys]
-        if isinstance(keys, dict):
-            return {k: self._pick(v, features) for k, v in keys.items()}
-        return tuple(self._pick(k, features) for k in keys)
+        return map_structure(features.__getitem__, self._keys)
 
 
 class GeneratorBasedBuilder(DatasetBuilder):

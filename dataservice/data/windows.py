@@ -182,13 +182,16 @@ class GroupByWindowDataset(_UnaryDataset):
         n = self._input.cardinality()
         return INFINITE_CARDINALITY if n == INFINITE_CARDINALITY else UNKNOWN_CARDINALITY
 
+    def _where(self, function: str) -> str:
+        return f"{self._describe()}'s {function}"
+
     def _key(self, element: Any) -> int:
-        where = f"{self._describe()}'s key_func"
+        # Per element: the error's wording is built only when there is an error.
         try:
             key = self._key_func(*element) if type(element) is tuple else self._key_func(element)
         except Exception as exc:
-            raise_user_error(exc, where)
-        return _scalar_int(key, where)
+            raise_user_error(exc, self._where("key_func"))
+        return _scalar_int(key, self, "key_func")
 
     def _size_of(self, key: int) -> int:
         from dataservice.errors import InvalidArgumentError
@@ -196,11 +199,10 @@ class GroupByWindowDataset(_UnaryDataset):
         if self._window_size_func is None:
             size = self._window_size
         else:
-            where = f"{self._describe()}'s window_size_func"
             try:
-                size = _scalar_int(self._window_size_func(np.int64(key)), where)
+                size = _scalar_int(self._window_size_func(np.int64(key)), self, "window_size_func")
             except Exception as exc:
-                raise_user_error(exc, where)
+                raise_user_error(exc, self._where("window_size_func"))
         if size <= 0:
             # tf.data checks it when the key is first met, while iterating.
             raise InvalidArgumentError(f"{self._describe()}: the window size must be greater than zero, but got "
@@ -252,11 +254,13 @@ def _callable(name: str, fn: Any, kind: type) -> Callable:
     return fn
 
 
-def _scalar_int(value: Any, where: str) -> int:
+def _scalar_int(value: Any, dataset: "GroupByWindowDataset", function: str) -> int:
+    """``value`` as an int, or ValueError naming ``dataset``'s ``function`` that returned it."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return int(value)
+    where = dataset._where(function)
     shown = f"{type(value).__name__} of dtype {value.dtype} and shape {value.shape}" \
         if isinstance(value, np.ndarray) else f"{type(value).__name__} {value!r}"
     # tf.data refuses a non-int64 result when tracing the function: ValueError.
