@@ -65,8 +65,9 @@ def test_two_trainers_see_the_same_elements_and_the_pipeline_runs_once(tmp_path)
         [cache] = _caches(cluster)
         stats = cache.stats()
         assert stats["trainers"] == 2
-        # Taken from the task once for both: no more than the faster trainer was served.
-        assert stats["produced_elements"] <= min(stats["served_by_trainer"].values()) + 64
+        # Taken from the task once for both: no more than the faster trainer was served (each reader
+        # reads ahead past the 2,000 it consumes, so the faster one may have been served more).
+        assert stats["produced_elements"] <= max(stats["served_by_trainer"].values()) + 64
         # ... and the worker's /status.json shows it, per task.
         [task] = [t for t in WorkerMetrics(cluster.workers[0]).status()["tasks"] if "trainer_cache" in t]
         assert task["trainer_cache"]["trainers"] == 2 and task["trainer_cache"]["produced_elements"] > 0
