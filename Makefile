@@ -1,36 +1,75 @@
 # Two commands on a fresh machine with only Python 3: `make demo` and `make test`.
+# Both install the exact versions of requirements/lock.txt, so every machine runs what was tested.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+LOCK := requirements/lock.txt
+# The lock as constraints: it pins what a target installs and adds nothing. No build isolation: the
+# editable install is built by the venv's own setuptools, pinned too, not by whatever release is newest.
+PIP_LOCKED = $(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation -c $(LOCK)
+# `make test-latest` and `make lock`: the newest releases pyproject.toml allows, in a venv of their own.
+LATEST ?= .venv-latest
 
-.PHONY: demo test test-fast bench protos clean
+.PHONY: demo test test-fast test-latest lock bench protos clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.tools: $(LOCK)
+	@echo "Setting up $(VENV) with the versions of $(LOCK)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c $(LOCK) pip setuptools
+	touch $@
+
+$(VENV)/.installed-demo: pyproject.toml $(LOCK) $(VENV)/.tools
+	@echo "Installing what the demo needs: dataservice with numpy, cloudpickle, grpcio, protobuf, crc32c, lz4,"
+	@echo "prometheus_client and Pillow (no PyTorch or JAX). The first time this takes about a minute."
+	$(PIP_LOCKED) -e '.[images]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(LOCK) $(VENV)/.tools
+	@echo "Installing dataservice and its test dependencies: pytest, Pillow, zstandard, grpcio-tools, and the CPU"
+	@echo "builds of PyTorch and JAX (about 1.5 GB). The first time this takes a minute or two."
+	$(PIP_LOCKED) -e '.[test]'
+	touch $@
 
 ## demo: set up, start a local cluster, run the example training client against it
-demo: $(STAMP)
+demo: $(VENV)/.installed-demo
 	$(PY) -m client.demo
 
 ## test: set up and run the whole test suite
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
 ## test-fast: skip the tests that start real subprocesses
-test-fast: $(STAMP)
+test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m "not slow"
 
+# The newest releases, installed afresh each time: no lock, no build isolation pinned.
+$(LATEST)/.installed:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip setuptools
+	$(LATEST)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager -e '.[test]'
+	touch $@
+
+## test-latest: the suite against the newest releases of every dependency (in .venv-latest; not run in CI)
+test-latest:
+	rm -rf $(LATEST)
+	$(MAKE) $(LATEST)/.installed
+	$(LATEST)/bin/python -m pip freeze --all --exclude-editable | diff $(LOCK) - | grep '^[<>] [^#]' || true
+	$(LATEST)/bin/python -m pytest -q
+
+## lock: write requirements/lock.txt from .venv-latest (`make test-latest && make lock` locks what passed)
+lock: $(LATEST)/.installed
+	{ sed -n '/^#/p' $(LOCK); $(LATEST)/bin/python -m pip freeze --all --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	@git diff --stat -- $(LOCK) 2>/dev/null || true
+
 ## bench: the performance benchmarks (not run in CI)
-bench: $(STAMP)
+bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info
 
 ## protos: regenerate dataservice/proto/ from protos/ (a test fails when it is stale)
-protos: $(STAMP)
+protos: $(VENV)/.installed-test
 	$(PY) protos/compile.py

@@ -17,6 +17,9 @@ Example::
     ...
     test accuracy 0.78 (chance: 0.333)
     cluster stopped (exit code 0)
+
+    Next: run a cluster yourself, in three terminals (from this directory):
+    ...
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 
 _TARGET = re.compile(r"local cluster: (grpc://\S+) with \d+ workers?")
+
+#: What the demo ends with: how to run the same by hand, and where its code is.
+NEXT_STEPS = """
+Next: run a cluster yourself, in three terminals (from this directory):
+  .venv/bin/dataservice dispatcher --port 5050
+  .venv/bin/dataservice worker --dispatcher localhost:5050
+  .venv/bin/python -m client.train --epochs 2          # reads from localhost:5050
+and see it with: .venv/bin/dataservice status
+The code: client/train.py (the training loop and its pipeline), client/shapes_classifier.py (a catalogue
+dataset), client/demo.py (this demo); the README starts with a distributed read in ten lines."""
 
 
 def _subprocess_env() -> dict:
@@ -123,6 +136,8 @@ def main() -> int:
     finally:
         code = stop_process(proc, signal.SIGINT)
         print(f"\ncluster stopped (exit code {code})", flush=True)
+    if ok and code == 0:
+        print(NEXT_STEPS, flush=True)
     return 0 if ok and code == 0 else 1
 
 

@@ -9,11 +9,13 @@ cannot import any of it, as in a container.
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import traceback
 import types
 from pathlib import Path
 
@@ -21,11 +23,12 @@ import pytest
 
 import dataservice as ds
 from dataservice import errors
-from dataservice.data import code_shipping
+from dataservice.data import code_shipping, shipped_source
 from dataservice.data.environment import distribution_of, skew, versions
 from dataservice.data.serialization import deserialize_dataset, serialize_dataset
 from dataservice.proto import pipeline_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.remote_errors import original_exception
 from tests.processes import Processes, Server
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -134,6 +137,37 @@ def test_serializing_a_pipeline_leaves_cloudpickles_registry_as_it_was(tmp_path,
     # By value: it loads with the module gone.
     monkeypatch.delitem(sys.modules, "registry_probe")
     assert [int(x) for x in deserialize_dataset(blob)] == [1, 2, 3]
+
+
+def test_loaded_code_keeps_its_file_name_and_brings_its_source(tmp_path, monkeypatch):
+    source = "def parse(x):\n    return {0: 'cat'}[int(x)]   # KeyError past 0\n"
+    mine = _module_from(tmp_path, "traceback_probe", source)
+    monkeypatch.setitem(sys.modules, "traceback_probe", mine)
+    filename = mine.__file__
+    blob = serialize_dataset(ds.Dataset.range(2).map(mine.parse))
+    assert dict(pipeline_pb2.PipelineDef.FromString(blob).sources) == {filename: source}
+    # A worker elsewhere: neither the module nor its file, nor anything linecache read of it.
+    monkeypatch.delitem(sys.modules, "traceback_probe")
+    os.remove(filename)
+    linecache.clearcache()
+    with pytest.raises(KeyError) as info:
+        list(deserialize_dataset(blob))
+    raised = original_exception(info.value)  # the user's own KeyError, as a worker reports it
+    frames = [f for f in traceback.extract_tb(raised.__traceback__) if f.name == "parse"]
+    assert [(f.filename, f.lineno, f.line) for f in frames] == \
+        [(filename, 2, "return {0: 'cat'}[int(x)]   # KeyError past 0")]
+
+
+def test_source_shipped_again_with_changes_replaces_the_old(tmp_path):
+    filename = str(tmp_path / "gone.py")  # no such file here
+    shipped_source.register_sources({filename: "a = 1\n"})
+    assert linecache.getline(filename, 1) == "a = 1\n"
+    shipped_source.register_sources({filename: "a = 2\n"})
+    assert linecache.getline(filename, 1) == "a = 2\n"
+    on_disk = tmp_path / "here.py"
+    on_disk.write_text("b = 'from disk'\n")
+    shipped_source.register_sources({str(on_disk): "b = 'shipped'\n"})
+    assert linecache.getline(str(on_disk), 1) == "b = 'from disk'\n"  # a file of its own wins, as in Python
 
 
 # --- a user project, in real processes ----------------------------------------------------------
@@ -316,15 +350,63 @@ def test_a_package_the_workers_lack_is_named_with_the_fix(project_cluster):
     assert "install it on the workers (pip install 'fancylib==1.2.3')" in message
 
 
-@pytest.mark.slow
-def test_a_remote_exception_shows_the_users_file_and_line(project_cluster):
-    result = _run(project_cluster, "fail.py", project_cluster.dispatcher.target)
-    assert result.returncode == 1
-    augment = project_cluster.project / "augment.py"
+def _assert_the_users_frame_is_shown(project: Path, result: subprocess.CompletedProcess, workers: list) -> None:
+    """fail.py's KeyError shows augment.py's file, line and source line at the client, and in the log
+    of the worker that ran it, which has no copy of augment.py: the source travelled with the code."""
+    assert result.returncode == 1, result.stderr
+    augment = project / "augment.py"
     line = next(i for i, text in enumerate(augment.read_text().splitlines(), 1) if "raise KeyError" in text)
-    # The worker has no copy of augment.py: the client fills in the source line from its own.
-    assert f'File "{augment}", line {line}, in parse_record' in result.stderr
-    assert 'raise KeyError(f"bad record {x}")' in result.stderr
+    frame, source = f'File "{augment}", line {line}, in parse_record', 'raise KeyError(f"bad record {x}")'
+    assert frame in result.stderr and source in result.stderr, result.stderr
     assert re.search(r"^KeyError: 'bad record 5'$", result.stderr, re.M), result.stderr
     assert "Traceback on worker localhost:" in result.stderr
     assert "dataservice/" not in result.stderr.split("The above exception")[0]  # only the user's frames
+    logs = [w.proc.stderr for w in workers]
+    assert any(frame in log and source in log for log in logs), logs
+
+
+@pytest.mark.slow
+def test_a_remote_exception_shows_the_users_file_and_line(project_cluster):
+    result = _run(project_cluster, "fail.py", project_cluster.dispatcher.target)
+    _assert_the_users_frame_is_shown(project_cluster.project, result, project_cluster.workers)
+
+
+def _oldest_allowed(distribution: str) -> str:
+    """The lower bound pyproject.toml gives ``distribution`` (``"cloudpickle>=2.1"``: ``"2.1"``)."""
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    match = re.search(rf'"{re.escape(distribution)}>=([\w.]+)', text)
+    assert match, f"pyproject.toml gives {distribution} no lower bound"
+    return match.group(1)
+
+
+def _release_on_path(distribution: str, version: str) -> Path:
+    """A directory holding ``distribution==version`` alone, to put first on PYTHONPATH; installed once
+    per virtualenv (beside its site-packages), from the package index pip is configured with."""
+    target = Path(sys.prefix) / "releases" / f"{distribution}-{version}"
+    if not target.exists():
+        partial = target.with_name(target.name + f".partial-{os.getpid()}")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                        "--target", str(partial), f"{distribution}=={version}"], check=True, timeout=300)
+        partial.rename(target)
+    return target
+
+
+@pytest.mark.slow
+def test_a_remote_exception_shows_the_users_line_with_the_oldest_cloudpickle_allowed(tmp_path):
+    # The newest is the locked one, which the test above runs with (and `make test-latest` with the newest
+    # release). cloudpickle 3.1.3 dropped the file names of the code it ships; others may drop more.
+    oldest = _oldest_allowed("cloudpickle")
+    env = {**_clean_env(), "PYTHONPATH": str(_release_on_path("cloudpickle", oldest))}
+    version = subprocess.run([sys.executable, "-c", "import cloudpickle; print(cloudpickle.__version__)"], env=env,
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    assert version.startswith(oldest), version
+    project = _write_project(tmp_path / "project")
+    with Processes(tmp_path) as procs:
+        dispatcher = procs.await_dispatcher(Server(procs.spawn(
+            "-m", "dataservice", "dispatcher", "--port", "0", name="dispatcher", cwd=Path("/"), env=env), 0))
+        worker = procs.await_worker(Server(procs.spawn(
+            "-m", "dataservice", "worker", "--dispatcher", f"localhost:{dispatcher.port}", "--port", "0",
+            "--worker-address", "localhost:%port%", name="worker", cwd=Path("/"), env=env), 0))
+        result = subprocess.run([sys.executable, "fail.py", dispatcher.target], cwd=project, capture_output=True,
+                                text=True, env=env, timeout=90)
+        _assert_the_users_frame_is_shown(project, result, [worker])

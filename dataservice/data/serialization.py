@@ -6,8 +6,10 @@ the user's own modules — files beside the script, a project checkout,
 reference (``dataservice.data.code_shipping`` says which is which). The bytes
 are a ``PipelineDef``: the pickle, the client's versions of Python,
 cloudpickle, numpy and dataservice, the names of the modules shipped by
-value, and the pipeline's element_spec where it is known without running any
-of it (``registered_element_spec`` reads it back without unpickling). Loading
+value, the source text of the files that code comes from (so that a
+worker's traceback shows the user's lines: ``dataservice.data.shipped_source``),
+and the pipeline's element_spec where it is known without running any of it
+(``registered_element_spec`` reads it back without unpickling). Loading
 checks the versions first (``dataservice.data.environment``) and names a
 missing module, so a worker can say what is wrong instead of showing an
 unpickling traceback.
@@ -45,6 +47,7 @@ from dataservice.data import specs
 from dataservice.data.code_shipping import is_shipped_by_value, shipped_modules, source_digest
 from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset
 from dataservice.data.environment import describe_versions, differences, skew, versions
+from dataservice.data.shipped_source import reduce_code, register_sources, sources_of
 from dataservice.errors import PipelineSerializationError
 from dataservice.proto import pipeline_pb2
 
@@ -75,9 +78,16 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, digest: str):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._digest = digest
+        #: The files of the code shipped by value: their source travels with the pipeline.
+        self.code_files: set[str] = set()
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) and "<locals>" not in obj.__qualname__:
+        if isinstance(obj, types.CodeType):
+            reduced = reduce_code(obj)
+            if reduced is not NotImplemented:
+                self.code_files.add(obj.co_filename)
+                return reduced
+        elif isinstance(obj, type) and "<locals>" not in obj.__qualname__:
             module = sys.modules.get(obj.__module__)
             if module is not None and is_shipped_by_value(module) and \
                     getattr(module, obj.__qualname__.split(".")[0], None) is not None:
@@ -106,8 +116,9 @@ def serialize_dataset(dataset: Dataset) -> bytes:
             cloudpickle.register_pickle_by_value(module)
         try:
             buffer = io.BytesIO()
+            pickler = _Pickler(buffer, source_digest(modules))
             try:
-                _Pickler(buffer, source_digest(modules)).dump(dataset)
+                pickler.dump(dataset)
             except Exception as exc:
                 culprit = _find_culprit(dataset)
                 raise PipelineSerializationError(
@@ -117,7 +128,8 @@ def serialize_dataset(dataset: Dataset) -> bytes:
             for module in added:
                 cloudpickle.unregister_pickle_by_value(module)
     definition = pipeline_pb2.PipelineDef(pipeline=buffer.getvalue(), versions=versions(),
-                                          shipped_modules=[m.__name__ for m in modules])
+                                          shipped_modules=[m.__name__ for m in modules],
+                                          sources=sources_of(pickler.code_files))
     _record_element_spec(definition, dataset)
     definition.cardinality = dataset.cardinality()
     return definition.SerializeToString(deterministic=True)
@@ -209,6 +221,7 @@ def deserialize_dataset(blob: bytes) -> Dataset:
         raise errors.WorkerEnvironmentError(f"the pipeline cannot be loaded: {type(exc).__name__}: {exc}") from exc
     if not isinstance(dataset, Dataset):
         raise errors.WorkerEnvironmentError(f"the serialized object is a {type(dataset).__name__}, not a Dataset")
+    register_sources(definition.sources)
     return dataset
 
 

@@ -124,9 +124,11 @@ def snapshot_fingerprint(dataset: Dataset) -> str:
     definition = pipeline_pb2.PipelineDef.FromString(serialize_dataset(dataset))
     # Kept: the pickled pipeline (in canonical form), its element_spec and cardinality. Left out:
     # shipped_modules lists every user module imported in the process (a notebook that imported one more
-    # module would miss its snapshot), and versions would drop every snapshot at each library upgrade.
+    # module would miss its snapshot), versions would drop every snapshot at each library upgrade, and
+    # sources (whole files' text, for tracebacks) would change with a comment beside the code.
     definition.ClearField("versions")
     definition.ClearField("shipped_modules")
+    definition.ClearField("sources")
     definition.pipeline = canonical_pickle_digest(definition.pipeline).encode()
     return dataset_fingerprint(definition.SerializeToString(deterministic=True))
 

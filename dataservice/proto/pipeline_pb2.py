@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n dataservice/proto/pipeline.proto\x12\x0b\x64\x61taservice\"\x9e\x02\n\x0bPipelineDef\x12\x10\n\x08pipeline\x18\x01 \x01(\x0c\x12\x38\n\x08versions\x18\x02 \x03(\x0b\x32&.dataservice.PipelineDef.VersionsEntry\x12\x17\n\x0fshipped_modules\x18\x03 \x03(\t\x12\x31\n\x0c\x65lement_spec\x18\x04 \x01(\x0b\x32\x1b.dataservice.ElementSpecDef\x12\x1c\n\x14\x65lement_spec_unknown\x18\x05 \x01(\t\x12\x18\n\x0b\x63\x61rdinality\x18\x06 \x01(\x03H\x00\x88\x01\x01\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0e\n\x0c_cardinality\"\x9c\x01\n\x0e\x45lementSpecDef\x12,\n\x06tensor\x18\x01 \x01(\x0b\x32\x1a.dataservice.TensorSpecDefH\x00\x12*\n\x05tuple\x18\x02 \x01(\x0b\x32\x19.dataservice.TupleSpecDefH\x00\x12(\n\x04\x64ict\x18\x03 \x01(\x0b\x32\x18.dataservice.DictSpecDefH\x00\x42\x06\n\x04kind\"^\n\rTensorSpecDef\x12\x14\n\x0cunknown_rank\x18\x01 \x01(\x08\x12\x0c\n\x04\x64ims\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x11\n\x04name\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"\x85\x01\n\x0cTupleSpecDef\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.dataservice.ElementSpecDef\x12\x15\n\ris_namedtuple\x18\x02 \x01(\x08\x12\x17\n\x0fnamedtuple_name\x18\x03 \x01(\t\x12\x19\n\x11namedtuple_fields\x18\x04 \x03(\t\":\n\x0b\x44ictSpecDef\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.dataservice.DictSpecEntry\"h\n\rDictSpecEntry\x12\x11\n\x07str_key\x18\x01 \x01(\tH\x00\x12\x11\n\x07int_key\x18\x02 \x01(\x03H\x00\x12*\n\x05value\x18\x03 \x01(\x0b\x32\x1b.dataservice.ElementSpecDefB\x05\n\x03keyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n dataservice/proto/pipeline.proto\x12\x0b\x64\x61taservice\"\x86\x03\n\x0bPipelineDef\x12\x10\n\x08pipeline\x18\x01 \x01(\x0c\x12\x38\n\x08versions\x18\x02 \x03(\x0b\x32&.dataservice.PipelineDef.VersionsEntry\x12\x17\n\x0fshipped_modules\x18\x03 \x03(\t\x12\x31\n\x0c\x65lement_spec\x18\x04 \x01(\x0b\x32\x1b.dataservice.ElementSpecDef\x12\x1c\n\x14\x65lement_spec_unknown\x18\x05 \x01(\t\x12\x18\n\x0b\x63\x61rdinality\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x36\n\x07sources\x18\x07 \x03(\x0b\x32%.dataservice.PipelineDef.SourcesEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cSourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0e\n\x0c_cardinality\"\x9c\x01\n\x0e\x45lementSpecDef\x12,\n\x06tensor\x18\x01 \x01(\x0b\x32\x1a.dataservice.TensorSpecDefH\x00\x12*\n\x05tuple\x18\x02 \x01(\x0b\x32\x19.dataservice.TupleSpecDefH\x00\x12(\n\x04\x64ict\x18\x03 \x01(\x0b\x32\x18.dataservice.DictSpecDefH\x00\x42\x06\n\x04kind\"^\n\rTensorSpecDef\x12\x14\n\x0cunknown_rank\x18\x01 \x01(\x08\x12\x0c\n\x04\x64ims\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x11\n\x04name\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"\x85\x01\n\x0cTupleSpecDef\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.dataservice.ElementSpecDef\x12\x15\n\ris_namedtuple\x18\x02 \x01(\x08\x12\x17\n\x0fnamedtuple_name\x18\x03 \x01(\t\x12\x19\n\x11namedtuple_fields\x18\x04 \x03(\t\":\n\x0b\x44ictSpecDef\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.dataservice.DictSpecEntry\"h\n\rDictSpecEntry\x12\x11\n\x07str_key\x18\x01 \x01(\tH\x00\x12\x11\n\x07int_key\x18\x02 \x01(\x03H\x00\x12*\n\x05value\x18\x03 \x01(\x0b\x32\x1b.dataservice.ElementSpecDefB\x05\n\x03keyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PIPELINEDEF_VERSIONSENTRY']._loaded_options = None
   _globals['_PIPELINEDEF_VERSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_PIPELINEDEF_SOURCESENTRY']._loaded_options = None
+  _globals['_PIPELINEDEF_SOURCESENTRY']._serialized_options = b'8\001'
   _globals['_PIPELINEDEF']._serialized_start=50
-  _globals['_PIPELINEDEF']._serialized_end=336
-  _globals['_PIPELINEDEF_VERSIONSENTRY']._serialized_start=273
-  _globals['_PIPELINEDEF_VERSIONSENTRY']._serialized_end=320
-  _globals['_ELEMENTSPECDEF']._serialized_start=339
-  _globals['_ELEMENTSPECDEF']._serialized_end=495
-  _globals['_TENSORSPECDEF']._serialized_start=497
-  _globals['_TENSORSPECDEF']._serialized_end=591
-  _globals['_TUPLESPECDEF']._serialized_start=594
-  _globals['_TUPLESPECDEF']._serialized_end=727
-  _globals['_DICTSPECDEF']._serialized_start=729
-  _globals['_DICTSPECDEF']._serialized_end=787
-  _globals['_DICTSPECENTRY']._serialized_start=789
-  _globals['_DICTSPECENTRY']._serialized_end=893
+  _globals['_PIPELINEDEF']._serialized_end=440
+  _globals['_PIPELINEDEF_VERSIONSENTRY']._serialized_start=329
+  _globals['_PIPELINEDEF_VERSIONSENTRY']._serialized_end=376
+  _globals['_PIPELINEDEF_SOURCESENTRY']._serialized_start=378
+  _globals['_PIPELINEDEF_SOURCESENTRY']._serialized_end=424
+  _globals['_ELEMENTSPECDEF']._serialized_start=443
+  _globals['_ELEMENTSPECDEF']._serialized_end=599
+  _globals['_TENSORSPECDEF']._serialized_start=601
+  _globals['_TENSORSPECDEF']._serialized_end=695
+  _globals['_TUPLESPECDEF']._serialized_start=698
+  _globals['_TUPLESPECDEF']._serialized_end=831
+  _globals['_DICTSPECDEF']._serialized_start=833
+  _globals['_DICTSPECDEF']._serialized_end=891
+  _globals['_DICTSPECENTRY']._serialized_start=893
+  _globals['_DICTSPECENTRY']._serialized_end=997
 # @@protoc_insertion_point(module_scope)
