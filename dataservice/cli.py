@@ -3,10 +3,12 @@ show a dispatcher's status.
 
 Each server command prints one line saying where it listens (flushed, so a
 parent process can read the port when it passes ``--port 0``; ``worker --processes N``
-prints one per worker process, then a summary line), logs through
-``logging`` on stderr, and exits with code 0 on SIGTERM or SIGINT after
-stopping its servers. Wrong arguments print a one-line error after the usage
-and exit with code 2, never a traceback.
+prints one per worker process, then a summary line) — said once: the server's own log
+record of it is dropped (``service.listening``). It logs through ``logging`` on stderr
+(on loopback, the default, a notice of how to open it up), and exits with code 0 on
+SIGTERM or SIGINT after stopping its servers. A port it cannot bind exits with code 1 and
+one line saying why (in use, not an address of this machine, permission denied). Wrong
+arguments print a one-line error after the usage and exit with code 2, never a traceback.
 
 Example::
 
@@ -20,6 +22,11 @@ Example::
     2 worker processes started (dispatcher localhost:5050; ports 5061, 5062; pids 4121, 4122)
     $ dataservice status --dispatcher localhost:5050 --json
     {"dispatcher": "grpc://localhost:5050", "workers": [...], "datasets": [...], "jobs": [...]}
+    $ dataservice status --wait-workers 2 --timeout-ms 60000     # localhost:5050; exit 0 once 2 registered
+    $ dataservice status --wait-workers 3 --timeout-ms 2000
+    dataservice status: error: 2 of 3 workers registered with the dispatcher at localhost:5050 within 2000 ms
+    $ dataservice dispatcher --port 5050       # while another process holds 5050 (exit code 1)
+    dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:5050 (the dispatcher's gRPC port): the port ...
     $ dataservice local --workers 2 --port 0
     local cluster: grpc://localhost:40123 with 2 workers
     $ dataservice status --dispatcher localhost:5051
@@ -60,11 +67,13 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import dataservice
 from dataservice import errors
+from dataservice.dispatcher.core import LONG_POLL_METHODS
 from dataservice.dispatcher.server import DispatchServer
 from dataservice.service.addresses import channel_address, target
 from dataservice.service.auth import ClusterAuth, read_token_file
 from dataservice.service.config import DispatcherConfig, WorkerConfig, check_worker_tags, default_memory_budget_bytes
 from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.listening import LISTENING_RECORD
 from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
 from dataservice.service.processing_modes import mode_name
 from dataservice.service.worker_list import check_worker_addresses
@@ -80,6 +89,10 @@ log = logging.getLogger("dataservice.cli")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: Default of ``status --timeout-ms``: long enough for a busy dispatcher, short enough for a human.
 STATUS_TIMEOUT_MS = 5000
+#: The port ``dispatcher`` and ``local`` listen on by default, where ``status`` looks without ``--dispatcher``.
+DISPATCHER_PORT = 5050
+#: How often ``status --wait-workers`` asks the dispatcher (one GetStatus call: well under a millisecond of its time).
+STATUS_POLL_S = 0.2
 #: Exit code of a runtime failure (port in use, unwritable work dir); 2 is for bad arguments.
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -126,8 +139,9 @@ def _processes(text: str) -> int:
 
 
 def _worker_tags(text: str) -> tuple:
+    # Commas separate tags; spaces inside a tag stay ("Unused tag 1,zone-a"), those around a comma go.
     try:
-        return check_worker_tags(text.split(","))
+        return check_worker_tags([tag.strip() for tag in text.split(",")])
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -280,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatcher = commands.add_parser(
         "dispatcher", help="run a dispatcher",
         description="Run a dispatcher: it registers datasets, creates jobs and assigns their tasks to workers.")
-    _add_dispatcher_flags(dispatcher, default_port=5050)
+    _add_dispatcher_flags(dispatcher, default_port=DISPATCHER_PORT)
     _add_listen_flags(dispatcher)
     _add_server_tls_flags(dispatcher, verifies_dispatcher=False)
     _add_log_level(dispatcher)
@@ -303,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "restarted on its port (default: 1)")
     _add_worker_timing_flags(worker)
     worker.add_argument("--worker-tags", type=_worker_tags, metavar="TAG[,TAG...]", default=(),
-                        help="comma-separated tags of this worker, shown by `dataservice status`; COLOCATED: it runs "
+                        help="comma-separated tags of this worker, shown by `dataservice status` (spaces inside "
+                             "a tag are kept: --worker-tags 'Unused tag 1,zone-a'); COLOCATED: it runs "
                              "beside trainers, whose readers (target_workers=AUTO) then read from their host's "
                              "workers only")
     _add_listen_flags(worker)
@@ -313,15 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status", help="show a dispatcher's workers, datasets and jobs",
-        description="Show the workers, datasets and jobs a dispatcher knows about.")
-    _add_dispatcher_address(status)
+        description="Show the workers, datasets and jobs a dispatcher knows about; with --wait-workers N, first "
+                    "wait until N workers have registered (exit code 0), or give up at --timeout-ms (exit code 1).")
+    status.add_argument("--dispatcher", type=_dispatcher_address, default=None, metavar="HOST:PORT",
+                        help=f"the dispatcher's address, as host:port or grpc://host:port (default: "
+                             f"localhost:{DISPATCHER_PORT}, where `dataservice dispatcher` listens by default)")
     _add_auth_token_file(status)
     _add_client_tls_flags(status)
     status.add_argument("--json", action="store_true",
                         help='print JSON with the keys "workers", "datasets" and "jobs" instead of tables')
+    status.add_argument("--wait-workers", type=positive_int, metavar="N", default=None,
+                        help="wait until the dispatcher counts N live workers, polling it every "
+                             f"{STATUS_POLL_S:g} s, then print the status (exit code 0); at --timeout-ms, say how "
+                             "many registered and exit with code 1. For scripts and init containers")
     status.add_argument("--timeout-ms", type=_positive_ms, metavar="N", default=STATUS_TIMEOUT_MS,
-                        help=f"give up on an unreachable dispatcher after this long, exit code 2 "
-                             f"(default: {STATUS_TIMEOUT_MS})")
+                        help=f"give up on an unreachable dispatcher after this long, exit code 2; with "
+                             f"--wait-workers, the deadline of the wait (default: {STATUS_TIMEOUT_MS})")
     status.set_defaults(_parser=status)
 
     save_status = commands.add_parser(
@@ -346,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a dispatcher and N workers in one process: a whole cluster for development and tests.")
     local.add_argument("--workers", type=positive_int, default=2, metavar="N",
                        help="number of workers to start (default: 2)")
-    _add_dispatcher_flags(local, default_port=5050)
+    _add_dispatcher_flags(local, default_port=DISPATCHER_PORT)
     _add_worker_timing_flags(local)
     _add_listen_flags(local)
     _add_server_tls_flags(local, verifies_dispatcher=True)
@@ -470,13 +492,24 @@ def _shown_host(host: Optional[str]) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]) -> int:
+def _drop_listening(record: logging.LogRecord) -> bool:
+    """A logging filter: drops a server's "listening on" record (``listening.log_listening``)."""
+    return not getattr(record, LISTENING_RECORD, False)
+
+
+def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str],
+           announced: Sequence[str] = ("dataservice.dispatcher", "dataservice.worker")) -> int:
     """Starts servers (``start`` returns them in start order), announces them, waits for a
-    signal, and stops them in reverse order (workers before their dispatcher)."""
+    signal, and stops them in reverse order (workers before their dispatcher).
+
+    The servers whose loggers are ``announced`` have their line printed by ``announce``: their own
+    "listening on" log record is dropped, so each is said once."""
     shutdown = _Shutdown()
     # Before starting, so a signal during a slow start still shuts down cleanly.
     shutdown.install()
     servers: list = []
+    for name in announced:
+        logging.getLogger(name).addFilter(_drop_listening)
     try:
         try:
             servers.extend(start())
@@ -495,6 +528,15 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
             except Exception:  # stop the others regardless
                 log.exception("error while stopping %s", type(server).__name__)
         shutdown.restore()
+        for name in announced:
+            logging.getLogger(name).removeFilter(_drop_listening)
+
+
+def _tls_note(tls: Optional[TlsSettings]) -> str:
+    """What a listening line says of a server's TLS: nothing without it."""
+    if tls is None:
+        return ""
+    return "TLS, client certificates required" if tls.client_ca is not None else "TLS"
 
 
 def _http_lines(servers: list) -> list[str]:
@@ -521,8 +563,12 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         _make_work_dir(config.work_dir)
         return [DispatchServer(config)]
 
-    return _serve(parser.prog, start,
-                  lambda servers: f"dispatcher listening on grpc://{_shown_host(args.host)}:{servers[0].port}")
+    def announce(servers: list) -> str:
+        tls = _tls_note(config.tls)
+        line = f"dispatcher listening on grpc://{_shown_host(args.host)}:{servers[0].port}"
+        return line + (f" ({tls})" if tls else "")
+
+    return _serve(parser.prog, start, announce)
 
 
 def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -537,7 +583,9 @@ def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     def announce(servers: list) -> str:
         worker = servers[0]
-        line = f"worker listening on {_shown_host(args.host)}:{worker.port} (dispatcher {config.dispatcher_address})"
+        tls = _tls_note(config.tls if config.tls is not None and config.tls.serves else None)
+        line = f"worker listening on {_shown_host(args.host)}:{worker.port} (dispatcher {config.dispatcher_address}" \
+               f"{'; ' + tls if tls else ''})"
         if worker.address != f"{_shown_host(args.host)}:{worker.port}":
             line += f"; advertised to clients as {worker.address}"
         return line
@@ -645,7 +693,8 @@ def _run_local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         n = len(servers) - 1
         return f"local cluster: {servers[0].target} with {n} worker{'s' if n != 1 else ''}"
 
-    return _serve(parser.prog, start, announce)
+    # The workers' ports are on no printed line: their own log lines stay.
+    return _serve(parser.prog, start, announce, announced=("dataservice.dispatcher",))
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -684,6 +733,8 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
             "job_id": j.job_id,
             "job_name": j.job_name,
             "dataset_id": j.dataset_id,
+            # The chosen dataset id its readers named ("": the numeric id): with job_name, the job's key.
+            "dataset_name": j.dataset_name,
             "processing_mode": mode_name(j.processing_mode),
             "finished": j.finished,
             "num_clients": j.num_clients,
@@ -695,8 +746,10 @@ def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) 
             "target_workers": j.target_workers or "AUTO",
         } for j in response.jobs],
         "counts": {field: getattr(response.counts, field) for field in _COUNT_FIELDS},
+        # long_poll: the call waits at the dispatcher for news by design, so its time is not slowness.
         "rpc_latency_ms": {r.method: {"calls": r.calls, "p50": round(r.p50_ms, 3), "p99": round(r.p99_ms, 3),
-                                      "max": round(r.max_ms, 3)} for r in response.rpc_latency},
+                                      "max": round(r.max_ms, 3), "long_poll": r.method in LONG_POLL_METHODS}
+                           for r in response.rpc_latency},
         # Each reader's last report (iterator.stats()), the most stalled first; metrics the dispatcher
         # keeps in memory only.
         "clients": [{
@@ -780,7 +833,9 @@ def format_status(status: dict, out: TextIO) -> None:
     out.write(f"\n{jobs_line}\n")
     if status["jobs"]:
         _table(["ID", "NAME", "DATASET", "MODE", "READS", "FINISHED", "CLIENTS", "ITERATIONS", "GARBAGE COLLECTED"],
-               [[j["job_id"], j["job_name"] or "-", j["dataset_id"], j["processing_mode"], _reads(j),
+               [[j["job_id"], j["job_name"] or "-",
+                 f'{j["dataset_id"]} ({j["dataset_name"]})' if j.get("dataset_name") else j["dataset_id"],
+                 j["processing_mode"], _reads(j),
                  "yes" if j["finished"] else "no", j["num_clients"], _ids(j["iterations"]),
                  "yes" if j["garbage_collected"] else "no"] for j in status["jobs"]], out)
     clients = status.get("clients") or []
@@ -796,10 +851,10 @@ def format_status(status: dict, out: TextIO) -> None:
                   f"{recommended['reason']}\n")
     latency = status.get("rpc_latency_ms") or {}
     if latency:
-        out.write("\nRPC latency (recent calls):\n")
+        out.write("\nRPC latency (recent calls; a long poll waits for news by design: its time is not slowness):\n")
         _table(["METHOD", "CALLS", "P50 MS", "P99 MS", "MAX MS"],
-               [[m, v["calls"], f"{v['p50']:.2f}", f"{v['p99']:.2f}", f"{v['max']:.2f}"] for m, v in latency.items()],
-               out)
+               [[m + (" (long poll)" if v.get("long_poll") else ""), v["calls"], f"{v['p50']:.2f}", f"{v['p99']:.2f}",
+                 f"{v['max']:.2f}"] for m, v in latency.items()], out)
 
 
 def _dispatcher_client(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DispatcherClient:
@@ -812,13 +867,47 @@ def _dispatcher_client(args: argparse.Namespace, parser: argparse.ArgumentParser
     return DispatcherClient(args.dispatcher, timeout_ms=args.timeout_ms, auth=auth, tls=tls)
 
 
+def _registered_workers(response: Any) -> int:
+    """The workers a GetStatusResponse counts as registered: those the dispatcher counts as live
+    (``scaling.current``), and, when the list is whole, no more than it has heard from since it started (a
+    restarted dispatcher's journal lists workers that may not come back).
+
+    Example::
+
+        >>> _registered_workers(client.get_status())
+        2
+    """
+    live = response.scaling.current if response.HasField("scaling") else response.counts.workers
+    if len(response.workers) == response.counts.workers:
+        live = min(live, sum(1 for w in response.workers if w.last_heartbeat_unix > 0))
+    return live
+
+
+def _wait_for_status(client: DispatcherClient, args: argparse.Namespace) -> tuple[Any, bool]:
+    """GetStatus's answer; with ``--wait-workers N``, the first that counts N registered workers, asked every
+    STATUS_POLL_S until ``--timeout-ms`` passes. The second value says whether the answer is the one asked for
+    (False: the last answer before the deadline)."""
+    deadline = time.monotonic() + args.timeout_ms / 1000
+    while True:
+        response = client.get_status(timeout_s=max(0.05, deadline - time.monotonic()))
+        if args.wait_workers is None or _registered_workers(response) >= args.wait_workers:
+            return response, True
+        if time.monotonic() + STATUS_POLL_S > deadline:
+            return response, False
+        time.sleep(STATUS_POLL_S)
+
+
 def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    defaulted = args.dispatcher is None
+    if defaulted:
+        args.dispatcher = _dispatcher_address(f"localhost:{DISPATCHER_PORT}")
     client = _dispatcher_client(args, parser)
     try:
-        response = client.get_status(timeout_s=args.timeout_ms / 1000)
+        response, waited = _wait_for_status(client, args)
     except errors.ServiceUnavailableError as exc:
-        print(f"dataservice status: error: cannot reach the dispatcher at {args.dispatcher} within "
+        where = f"{args.dispatcher} (the default without --dispatcher)" if defaulted else args.dispatcher
+        print(f"dataservice status: error: cannot reach the dispatcher at {where} within "
               f"{args.timeout_ms} ms ({_one_line(exc)})", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except (errors.WrongEndpointError, errors.PermissionDeniedError) as exc:
@@ -830,6 +919,10 @@ def _run_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return EXIT_FAILURE
     finally:
         client.close()
+    if not waited:
+        print(f"dataservice status: error: {_registered_workers(response)} of {args.wait_workers} workers registered "
+              f"with the dispatcher at {args.dispatcher} within {args.timeout_ms} ms", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
     status = status_as_dict(response, target(args.dispatcher))
     if args.json:
         json.dump(status, sys.stdout, indent=2)

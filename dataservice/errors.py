@@ -6,6 +6,7 @@ The tree::
     ├── PipelineError                     a problem with a Dataset pipeline
     │   ├── NotSplittableError (ValueError)   distributed_epoch needs splits this pipeline cannot give
     │   ├── PipelineSerializationError (TypeError)   cloudpickle could not serialize a pipeline
+    │   ├── ElementSerializationError (TypeError)    an element has no wire form (a worker cannot send it)
     │   ├── DataLossError                 a corrupted or truncated record file
     │   ├── InvalidArgumentError (ValueError)   a value the pipeline met is invalid (TF's InvalidArgumentError)
     │   └── OutOfRangeError (StopIteration)     ``get_next()`` past the end of a dataset
@@ -49,6 +50,7 @@ __all__ = [
     "DataLossError",
     "DataServiceError",
     "DatasetNotFoundError",
+    "ElementSerializationError",
     "InvalidArgumentError",
     "InvalidRequestError",
     "MissingModuleError",
@@ -82,6 +84,20 @@ class NotSplittableError(PipelineError, ValueError):
 
 class PipelineSerializationError(PipelineError, TypeError):
     """A pipeline could not be serialized; the message names the offending object."""
+
+
+class ElementSerializationError(PipelineError, TypeError):
+    """An element cannot be serialized for the wire (nor pickled): a worker cannot send it to its reader.
+    ``path`` is the offending component's place in the element (``"['lock']"``, ``"[1]['meta']"``; ``""``: the
+    element itself), ``component_type`` its type, ``reason`` what pickle said, and ``where`` the transformation
+    that produced the element (``"Dataset.map(make_record)"``; ``""`` where it is not known)."""
+
+    def __init__(self, message: str, path: str = "", component_type: str = "", reason: str = "", where: str = ""):
+        super().__init__(message)
+        self.path = path
+        self.component_type = component_type
+        self.reason = reason
+        self.where = where
 
 
 class DataLossError(PipelineError):

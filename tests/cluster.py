@@ -16,17 +16,18 @@ registers it), or build its own ``TestCluster`` when it needs another shape.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 
 from dataservice import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer
 
-__all__ = ["TestCluster", "cluster", "wait_until", "free_port"]
+__all__ = ["TestCluster", "cluster", "wait_until", "free_port", "raw_tcp_server"]
 
 #: Dispatcher settings that keep tests fast; a test overrides any of them by keyword.
 _DISPATCHER_DEFAULTS = dict(job_gc_check_interval_ms=200, worker_timeout_ms=2_000, client_timeout_ms=10_000)
@@ -70,6 +71,31 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def raw_tcp_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that is not ours: ``handle(conn)`` runs for each connection, which is
+    closed after it. Yields its ``host:port``; closes the listener and its thread on the way out."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                handle(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes accept(), which close() alone does not on Linux
+        listener.close()
+        thread.join(timeout=5)
 
 
 class TestCluster:

@@ -1,5 +1,8 @@
 """Fixtures shared by the test modules: ``cluster``, a fresh two-worker in-process cluster, and
-``procs``, real dispatcher, worker and client processes killed after the test."""
+``procs``, real dispatcher, worker and client processes killed after the test; and a guard over every
+test: a ``grpc.RpcError`` that reaches test code from our code untranslated fails the test, even when
+the test caught it (``tests/grpc_leak_guard.py``)."""
 
 from tests.cluster import cluster  # noqa: F401  (registers the fixture for every test module)
 from tests.processes import procs  # noqa: F401
+from tests.grpc_leak_guard import pytest_runtest_call  # noqa: F401  (fails a test a grpc.RpcError leaked into)

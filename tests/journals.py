@@ -162,3 +162,10 @@ def write_legacy_work_dir(work_dir: Path, updates: list, checkpoint_at: int = 0)
     with open(work_dir / journal_mod.JOURNAL_FILE, "wb") as f:
         for seq, update in enumerate(updates[checkpoint_at:], checkpoint_at + 1):
             f.write(frame(seq, update.SerializeToString()))
+
+
+def named_job(state: DispatcherState, job_name: str) -> int:
+    """The id of the one job that answers to ``job_name`` (jobs_by_key: a name is scoped by the dataset id
+    its readers named, so it may key several jobs; AssertionError unless it keys exactly one)."""
+    (job_id,) = [job_id for key, job_id in state.jobs_by_key.items() if key.job_name == job_name]
+    return job_id

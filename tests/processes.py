@@ -251,7 +251,7 @@ class Processes:
         return self.await_dispatcher(Server(proc, port))
 
     def await_dispatcher(self, server: Server) -> Server:
-        return self._await_listening(server, r"^dispatcher listening on grpc://localhost:(\d+)$")
+        return self._await_listening(server, r"^dispatcher listening on grpc://localhost:(\d+)(?: \(TLS[^)]*\))?$")
 
     @staticmethod
     def _await_listening(server: Server, pattern: str) -> Server:

@@ -28,6 +28,9 @@ from dataservice.data.readers.tfrecord import TFRecordDataset
 from dataservice.errors import DataLossError
 from tests.cluster import wait_until
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

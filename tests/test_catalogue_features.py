@@ -26,6 +26,9 @@ from dataservice.data.specs import TensorSpec
 from dataservice.errors import DataLossError
 from dataservice.proto import example_pb2
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -20,6 +20,9 @@ from dataservice.catalogue.splits import (
     to_absolute,
 )
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 ri = ReadInstruction
 MNIST = {"train": 60000, "test": 10000}
 
@@ -206,14 +209,16 @@ def test_read_instruction_arguments_are_validated():
     assert spans(ri("train", to=10.0, unit="%", rounding="pct1_dropremainder")) == [("train", 0, 6000)]
 
 
-def test_closest_rounds_a_half_up_as_the_seed_says():
-    # 101 examples, [49%:50%]: 49.49 -> 49, 50.5 -> 51, so records 49 and 50.
-    assert train_ids("train[49%:50%]", 101) == [49, 50]
-    assert train_ids(ri("train", from_=49, to=50, unit="%", rounding="closest"), 101) == [49, 50]
-    assert train_ids("train[:0.5%]", 100) == [0]
-    assert train_ids("train[:50%]", 3) == [0, 1]
-    # The percentage as written: 10.1% of 500 is exactly 50.5, rounded up (the binary float 10.1 is below it).
-    assert len(train_ids("train[:10.1%]", 500)) == 51
+def test_closest_rounds_a_half_to_even_as_tfds_does():
+    # 101 examples, [49%:50%]: 49.49 -> 49, 50.5 -> 50, so record 49 alone (tfds.load's); [:50%] is [0:50].
+    assert train_ids("train[49%:50%]", 101) == [49]
+    assert train_ids(ri("train", from_=49, to=50, unit="%", rounding="closest"), 101) == [49]
+    assert spans("train[:50%]", {"train": 101}) == [("train", 0, 50)]
+    assert train_ids("train[:0.5%]", 100) == []    # 0.5 -> 0
+    assert train_ids("train[:1.5%]", 100) == [0, 1]  # 1.5 -> 2
+    assert train_ids("train[:50%]", 3) == [0, 1]   # 1.5 -> 2
+    # In floating point, as TFDS: 10.1 * 500 / 100.0 is 50.49999..., so 50 records.
+    assert len(train_ids("train[:10.1%]", 500)) == 50
 
 
 # (spec, length, expected [from, to)) away from ties; TFDS 4.9.10 gives the same.
@@ -230,17 +235,28 @@ def test_closest_rounds_to_the_nearest_record(spec, n, expected):
     assert spans(spec, {"train": n}) == [("train", *expected)]
 
 
-def test_a_negative_percentage_is_the_same_as_its_positive_counterpart():
-    # Halves always round up, so p% and (p - 100)% name the same record, ties included...
-    compared = 0
+def test_a_negative_percentage_is_its_positive_counterpart_but_at_ties():
+    # p% and (p - 100)% name the same record, except where a boundary falls on half a record of a split of
+    # odd length: both round to even, from opposite ends (of 101 records, 50% is 50.5 -> 50 and -50% is
+    # -50.5 -> -50, so record 51).
+    compared = ties = 0
     for n in range(0, 302):
         for p in (0, 0.5, 1, 12.5, 20, 49.5, 50, 80, 99, 99.5):
             if (100 - p) * n / 100 <= 0.5:
-                continue  # ...unless the negative one rounds to 0 examples: that is the start, see below
+                continue  # the negative one rounds to 0 examples: that is the start, see below
+            if (p * n / 100) % 1 == 0.5:
+                ties += 1
+                (forward,), (backward,) = to_absolute(f"train[{p}%:]", {"train": n}), \
+                    to_absolute(f"train[{p - 100}%:]", {"train": n})
+                assert forward.from_ % 2 == 0 == (n - backward.from_) % 2
+                assert abs(forward.from_ - backward.from_) == n % 2
+                continue
             assert spans(f"train[{p - 100}%:]", {"train": n}) == spans(f"train[{p}%:]", {"train": n})
             assert spans(f"train[:{p - 100}%]", {"train": n}) == spans(f"train[:{p}%]", {"train": n})
             compared += 1
-    assert compared > 2800
+    assert compared > 2600 and ties > 150
+    assert spans("train[-50%:]", {"train": 101}) == [("train", 51, 101)]
+    assert spans("train[50%:]", {"train": 101}) == [("train", 50, 101)]
     # As x[-0:] in Python, and as in TFDS, a boundary of 0 examples is the start of the split.
     assert spans("train[-0.4%:]", {"train": 100}) == [("train", 0, 100)]
     assert spans("train[:-0.4%]", {"train": 100}) == [("train", 0, 0)]
@@ -253,8 +269,8 @@ def test_pct1_dropremainder_uses_whole_multiples_of_one_percent():
     assert len(train_ids(pct1(to=10), 101)) == 10 and len(train_ids(pct1(to=30), 101)) == 30
     for n in (100, 101, 105, 199, 250, 999, 1000, 60000, 60099):
         assert len(train_ids(pct1(to=30), n)) == 3 * len(train_ids(pct1(to=10), n)) == 30 * (n // 100)
-    # With closest it need not be: of 105 examples, 10% is 10.5 -> 11 records, 30% is 31.5 -> 32, not 33.
-    assert len(train_ids("train[:10%]", 105)) == 11 and len(train_ids("train[:30%]", 105)) == 32
+    # With closest it need not be: of 105 examples, 10% is 10.5 -> 10 records, 30% is 31.5 -> 32, not 30.
+    assert len(train_ids("train[:10%]", 105)) == 10 and len(train_ids("train[:30%]", 105)) == 32
     # Boundaries are multiples of n // 100 (as TFDS); the last n % 100 records are only reached by an open end.
     assert spans(pct1(to=100), {"train": 199}) == [("train", 0, 100)]
     assert spans(pct1(from_=50), {"train": 199}) == [("train", 50, 199)]

@@ -5,10 +5,11 @@
 every record decoded, and the record ids of a set of slices in the order TFDS yielded them
 (``tests/fixtures/make_catalogue_fixtures.py`` says how they were made).
 
-One difference is deliberate: for a percent boundary falling exactly on half a record, the seed's
-``closest`` rounding rounds half up (101 records, ``[49%:50%]`` gives records 49 and 50), where
-TFDS 4.9.10 rounds half to even (Python's ``round``) and gives record 49 only. The slices where
-that happens are checked to differ by exactly those boundary records.
+Percent boundaries round as TFDS 4.9.10 rounds them, a half to even (Python's ``round``): of 101
+records ``[49%:50%]`` is record 49 alone, and ``[:50%]`` is records 0 to 49. So every slice, those
+whose boundary falls exactly on half a record included, selects TFDS's records;
+``catalogue/tfds_slice_boundaries.json`` (``tests/fixtures/record_tfds_slice_boundaries.py``) holds
+where TFDS puts the boundaries of such slices on every split length up to 250, and a few larger.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import pytest
 from dataservice import catalogue
 from dataservice.catalogue import splits as splits_lib
 from tests.catalogue_zoo import FIXTURES, Zoo, zoo_examples
+
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
 
 TFDS_DIR = os.path.join(FIXTURES, "tfds", "zoo", "1.0.0")
 OURS_DIR = os.path.join(FIXTURES, "ours", "zoo", "1.0.0")
@@ -94,19 +98,16 @@ def test_the_info_is_what_tfds_wrote(prepared):
 
 def test_slices_give_the_records_tfds_gave_in_its_order(prepared):
     _, builder, expected = prepared
-    lengths = {name: s.num_examples for name, s in builder.info.splits.items()}
     compared = 0
     for spec, expected_ids in expected["slices"].items():
         got = ids(builder.as_dataset(split=spec, read_config=NO_CACHE))
-        if has_half_tie(spec, lengths):
-            continue  # test_half_ties_round_up_where_tfds_rounds_to_even
         assert got == expected_ids, spec
         compared += 1
     assert compared >= 25
 
 
-def test_half_ties_round_up_where_tfds_rounds_to_even(prepared):
-    """The seed's rule on TFDS's own data: the tie slices differ from TFDS by exactly the tie records."""
+def test_half_ties_round_to_even_as_tfds_does(prepared):
+    """A boundary on exactly half a record: TFDS's records, on TFDS's own data (test has 101 records)."""
     _, builder, expected = prepared
     lengths = {name: s.num_examples for name, s in builder.info.splits.items()}
     ties = [spec for spec in expected["slices"] if has_half_tie(spec, lengths)]
@@ -114,24 +115,42 @@ def test_half_ties_round_up_where_tfds_rounds_to_even(prepared):
     # Record ids in on-disk order, to name records by absolute index.
     on_disk = {split: ids(builder.as_dataset(split=split, read_config=catalogue.ReadConfig(
         interleave_cycle_length=1, try_autocaching=False))) for split in ("train", "test")}
-    assert ids(builder.as_dataset(split="test[49%:50%]")) == on_disk["test"][49:51]  # records 49 and 50
-    assert expected["slices"]["test[49%:50%]"] == on_disk["test"][49:50]            # TFDS: 49 only
+    assert expected["slices"]["test[49%:50%]"] == on_disk["test"][49:50]  # TFDS: 50.5 -> 50, record 49 alone
+    assert ids(builder.as_dataset(split="test[49%:50%]")) == on_disk["test"][49:50]
+    assert splits_lib.to_absolute("test[:50%]", lengths) == [splits_lib.AbsoluteInstruction("test", 0, 50)]
     for spec in ties:
-        ours = set(ids(builder.as_dataset(split=spec, read_config=NO_CACHE)))
-        theirs = set(expected["slices"][spec])
-        wanted = set()
-        for part in splits_lib.to_absolute(spec, lengths):
-            wanted.update(on_disk[part.split_name][part.from_:part.to])
-        assert ours == wanted, spec
-        assert 0 < len(ours ^ theirs) <= 2, spec  # one boundary record per tie
+        assert ids(builder.as_dataset(split=spec, read_config=NO_CACHE)) == expected["slices"][spec], spec
+
+
+def test_percent_boundaries_fall_where_tfds_puts_them():
+    """TFDS's own ReadInstruction.to_absolute, recorded for slices with ties, on every split length up to 250."""
+    recorded = load_json("tfds_slice_boundaries.json")
+    assert recorded["tfds_version"] == "4.9.10"
+    compared = 0
+    for rounding in ("closest", "pct1_dropremainder"):
+        for key, answers in recorded[rounding].items():
+            if rounding == "closest":
+                instruction = splits_lib.ReadInstruction.from_spec(key)
+            else:
+                from_, to = (None if v == "None" else int(v) for v in key.split(":"))
+                instruction = splits_lib.ReadInstruction("train", from_=from_, to=to, unit="%", rounding=rounding)
+            for n, theirs in zip(recorded["lengths"], answers):
+                if isinstance(theirs, str):  # pct1_dropremainder under 100 examples: refused, as here
+                    with pytest.raises(ValueError, match="at least 100 examples"):
+                        splits_lib.to_absolute(instruction, {"train": n})
+                    continue
+                (ours,) = splits_lib.to_absolute(instruction, {"train": n})
+                # The same records (ranges compare as sequences): TFDS leaves an empty slice's boundaries as
+                # computed ([1, 0) of 2 records for [-37.5%:-12.5%]), ours end where they start.
+                assert range(ours.from_, ours.to) == range(*theirs), (key, rounding, n, theirs)
+                compared += 1
+    assert compared > 7000
 
 
 def test_input_pipelines_read_the_files_tfds_gave_them(prepared):
     _, builder, expected = prepared
     for name, expected_ids in expected["sharded"].items():
         spec, _, rest = name.partition(" pipeline ")
-        if spec == "train[:50%]":
-            continue  # 137 * 50% is a half tie: test_input_pipelines_share_a_slice_of_the_files
         context = catalogue.InputContext(input_pipeline_id=int(rest.split()[0]), num_input_pipelines=2)
         got = ids(builder.as_dataset(split=spec, read_config=catalogue.ReadConfig(input_context=context)))
         assert got == expected_ids, name

@@ -10,6 +10,9 @@ from dataservice.catalogue.versions import Version, resolve_version
 from dataservice.errors import UnsupportedVersionError
 from dataservice.errors import DataServiceError
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 def test_a_version_has_three_numbers_and_prints_as_given():
     v = Version("1.2.3")

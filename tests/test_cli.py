@@ -55,7 +55,7 @@ FLAGS = {
                    "--worker-timeout-ms", "--client-timeout-ms", "--log-level"],
     "worker": ["--dispatcher", "--port", "--worker-address", "--processes", "--heartbeat-interval-ms",
                "--dispatcher-timeout-ms", "--log-level"],
-    "status": ["--dispatcher", "--json", "--timeout-ms"],
+    "status": ["--dispatcher", "--json", "--timeout-ms", "--wait-workers"],
     "local": ["--workers", "--port", "--work-dir", "--fault-tolerant", "--log-level"],
     "save-status": ["--dispatcher", "--wait", "--json", "--timeout-ms"],
     "datasets": ["list", "build"],  # its actions; their flags: test_datasets_actions_mention_their_flags
@@ -283,7 +283,8 @@ def test_dispatcher_worker_status_and_read(spawn: Callable[..., Proc], cli_env: 
     # A second dispatcher on the same port: a clear error, not a traceback.
     clash = run_cli(cli_env, "dispatcher", "--port", str(port))
     assert clash.returncode == 1
-    assert f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{port}: the port is in use" in clash.stderr
+    assert (f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{port} (the dispatcher's gRPC port): "
+            f"the port is in use") in clash.stderr
     assert "Traceback" not in clash.stderr
 
     dataset = ds.Dataset.range(10).apply(ds.distribute("parallel_epochs", f"grpc://localhost:{port}",
@@ -392,8 +393,8 @@ def test_version_in_a_real_process(cli_env: dict) -> None:
 def test_a_taken_port_gives_one_line_and_no_grpc_log(cluster, cli_env: dict) -> None:
     result = run_cli(_env_without_grpc_settings(cli_env), "dispatcher", "--port", str(cluster.port))
     assert result.returncode == 1, result
-    assert result.stderr == (f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{cluster.port}: the port "
-                             f"is in use or the address is invalid\n")
+    assert result.stderr == (f"dataservice dispatcher: error: cannot start: cannot bind 127.0.0.1:{cluster.port} (the "
+                             f"dispatcher's gRPC port): the port is in use\n")
     assert not GRPC_CORE_LOG_LINE.search(result.stderr) and "absl" not in result.stderr
     assert result.stdout == ""
 

@@ -455,3 +455,127 @@ def test_a_rotation_is_sorted_once_and_maps_rounds_as_task_of_round():
         started = sorted(task for task, start in pairs if start <= r)
         assert rotation.task_of(r) == (started[r % len(started)] if started else None), r
     assert Rotation().task_of(0) is None
+
+
+# --- a pipeline of unknown cardinality that ends ---------------------------------------------------------------
+
+def _ending(count):
+    """``count`` elements, of unknown cardinality (``distribute`` refuses only a known end)."""
+    return Dataset.range(count).flat_map(lambda x: Dataset.from_tensors(x))
+
+
+def _consumer(cluster, dataset, job_name, i, n):
+    return iter(dataset.apply(distribute("parallel_epochs", cluster.target, job_name=job_name, consumer_index=i,
+                                         num_consumers=n, timeout_ms=20_000)))
+
+
+def _read_to_end(cluster, dataset, job_name, indices, n):
+    """Consumers ``indices`` of n, each on its thread, read to the end at the same time: their values."""
+    out: dict[int, list] = {}
+
+    def consume(i):
+        out[i] = [int(x) for x in _consumer(cluster, dataset, job_name, i, n)]
+
+    def run():
+        threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in indices]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    run_with_deadline(run, 30)
+    assert sorted(out) == sorted(indices), "a consumer failed"
+    return out
+
+
+def _job_finished(cluster, job_name) -> bool:
+    core = cluster.dispatcher.core
+    with core._cond:
+        jobs = [j for j in core.state.jobs.values() if j.name == job_name]
+        return bool(jobs) and all(core.state.iterations[i].finished for j in jobs for i in j.iterations.values())
+
+
+def _heartbeats_of(worker):
+    """Counts the heartbeats ``worker`` sends from now on (the second one is sent once the dispatcher has
+    answered the first)."""
+    count = [0]
+    build = worker._heartbeat_request
+
+    def counted(wait_ms):
+        count[0] += 1
+        return build(wait_ms)
+
+    worker._heartbeat_request = counted
+    return lambda: count[0]
+
+
+@pytest.mark.parametrize("workers, n, count", [(1, 2, 6), (1, 2, 7), (1, 3, 8), (2, 2, 6)])
+def test_a_consumer_that_starts_after_the_others_read_to_the_end_still_gets_its_elements(workers, n, count):
+    # The last consumer starts only once the others have read to the end and the workers have heartbeaten
+    # since: its elements wait for it in the workers' rounds, and the job does not finish before it took them
+    # (it used to: that consumer then got end of input at once). A round a stream cannot fill (7 elements: 3
+    # rounds of 2 and 1 left; 8: 2 rounds of 3 and 2 left) goes to nobody, so the consumers stay aligned.
+    job_name = f"late-{workers}-{n}-{count}"
+    with TestCluster(num_workers=workers) as cluster:
+        dataset = _ending(count)
+        out = _read_to_end(cluster, dataset, job_name, range(n - 1), n)
+        heartbeats = [_heartbeats_of(worker) for worker in cluster.workers]
+        wait_until(lambda: all(h() >= 2 for h in heartbeats), 10, "the workers to report their tasks")
+        out.update(_read_to_end(cluster, dataset, job_name, [n - 1], n))
+        # Every consumer took its elements: the tasks finish, the job with them, and the rounds' bytes go back.
+        wait_until(lambda: _job_finished(cluster, job_name), 10, "the job to finish")
+        wait_until(lambda: all(w.memory_budget.used_bytes == 0 for w in cluster.workers), 10,
+                   "the workers to free the tasks")
+    # Each worker's stream is the whole dataset (parallel_epochs); the workers serve alternate rounds.
+    assert out == {i: [r * n + i for r in range(count // n) for _ in range(workers)] for i in range(n)}
+
+
+def test_a_consumer_gets_the_rounds_it_fetched_ahead_after_the_job_finished():
+    # Consumer 1 takes one element; its reader fetches its next rounds ahead (and learns where the stream ends).
+    # Consumer 0 then reads to the end, which finishes the job: every round was taken at the worker. Hearing
+    # so from the dispatcher, consumer 1's reader used to end its read at the consumer's next round, dropping
+    # the rounds it held; it delivers them, then end of input.
+    with TestCluster(num_workers=1, client_timeout_ms=1_000) as cluster:  # readers heartbeat every 250 ms
+        dataset = _ending(7)
+        late = _consumer(cluster, dataset, "ahead", 1, 2)
+        first = run_with_deadline(lambda: int(next(late)), 20)
+        out = _read_to_end(cluster, dataset, "ahead", [0], 2)
+        wait_until(lambda: _job_finished(cluster, "ahead"), 10, "the job to finish")
+        reader = _reader_of(late)
+        wait_until(lambda: getattr(reader, "_iteration_finished", False) or not reader._heartbeat.is_alive(), 10,
+                   "consumer 1's reader to hear that the job finished")
+        rest = run_with_deadline(lambda: [int(x) for x in late], 20)
+    assert out[0] == [0, 2, 4] and [first] + rest == [1, 3, 5]
+
+
+def test_a_task_whose_stream_ends_finishes_once_every_consumer_took_its_whole_rounds():
+    import numpy as np
+
+    from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
+    from dataservice.worker.memory_budget import MemoryBudget
+    from dataservice.worker.task_runner import TaskRunner, approximate_size
+
+    budget = MemoryBudget(1 << 30)
+    task_def = dispatcher_pb2.TaskDef(task_id=1, iteration_id=2, job_id=3, processing_mode=state_pb2.PARALLEL_EPOCHS,
+                                      num_consumers=2)
+    runner = TaskRunner(task_def, Dataset.range(7).map(lambda i: np.full(1000, i)), None, "localhost:0", budget=budget)
+    rounds = runner.rounds = round_robin.Rounds(runner, 2, budget)
+    size = approximate_size(np.full(1000, 0))
+
+    def ask(consumer, round_index):
+        request = worker_pb2.GetElementsRequest(task_id=1, max_elements=1, consumer_index=consumer,
+                                                round_index=round_index)
+        return rounds.take(request, 5.0)
+
+    try:
+        assert [int(ask(0, r)[0][0][0]) for r in range(3)] == [0, 2, 4]
+        elements, _, ended, error = ask(0, 3)  # one element left: too few for a round
+        assert elements == [] and ended and error is None
+        # Consumer 1's three elements wait for it; the last one (6) was dropped for both.
+        assert rounds.held_bytes == 3 * size and budget.used_bytes == 3 * size
+        assert not runner.finished and not rounds.drained  # the dispatcher must not finish the iteration yet
+        assert [int(ask(1, r)[0][0][0]) for r in range(3)] == [1, 3, 5]
+        assert rounds.held_bytes == 0 and rounds.drained and runner.finished
+        assert ask(1, 3)[2]  # the end, at the same round as consumer 0
+    finally:
+        runner.stop()

@@ -10,6 +10,9 @@ import pytest
 from dataservice import Dataset
 from tests.elements import values
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -7,8 +7,8 @@ non-empty input is infinite, even of an unknown one; skip and batch keep an
 infinite or unknown input's value. unbatch multiplies a known count by the batch
 size its input's element_spec gives (from_tensors of a known shape, batch with
 drop_remainder=True), and is unknown when the spec has none. take(n) with any
-negative n is take(-1) (tf.data says min(count, n) there: a negative number that
-is no count).
+negative n takes every element, but reports tf.data's min(count, n) (n of an
+infinite input): a negative number that is no count.
 """
 
 import numpy as np
@@ -17,6 +17,9 @@ import pytest
 from dataservice import INFINITE_CARDINALITY as INF
 from dataservice import UNKNOWN_CARDINALITY as UNK
 from dataservice import Dataset, Options
+
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
 
 
 def finite():
@@ -78,7 +81,7 @@ CASES = [
     ("take_3", lambda ds: ds.take(3), 3, 3, UNK),
     ("take_20", lambda ds: ds.take(20), 10, 20, UNK),
     ("take_all", lambda ds: ds.take(-1), 10, INF, UNK),
-    ("take_negative", lambda ds: ds.take(-5), 10, INF, UNK),
+    ("take_negative", lambda ds: ds.take(-5), -5, -5, UNK),
     ("skip_3", lambda ds: ds.skip(3), 7, INF, UNK),
     ("skip_20", lambda ds: ds.skip(20), 0, INF, UNK),
     ("skip_all", lambda ds: ds.skip(-1), 0, INF, UNK),
@@ -118,6 +121,20 @@ def test_transformation_cardinality(name, transform, over_finite, over_infinite,
 def test_known_cardinality_matches_iteration(name, transform, over_finite):
     ds = transform(finite())
     assert len(list(ds)) == over_finite == len(ds)
+
+
+def test_take_of_a_negative_count_takes_all_and_reports_tf_cardinality():
+    # tf.data (take_dataset_op.cc): min(input's, n); n over an infinite input; unknown stays unknown.
+    ds = Dataset.range(10).take(-5)
+    assert ds.cardinality() == -5
+    assert [int(x) for x in ds] == list(range(10))
+    # tf.data's __len__ makes list(ds) raise ValueError here; ours says TypeError, so list() iterates.
+    assert len(list(ds)) == 10
+    with pytest.raises(TypeError, match=r"cardinality is -5.*take\(-5\)"):
+        len(ds)
+    assert [int(x) for x in Dataset.range(3).repeat().take(-7).take(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert Dataset.range(3).repeat().take(-7).cardinality() == -7
+    assert Dataset.range(10).take(-1).cardinality() == 10
 
 
 def test_repeat_of_empty_input_is_empty():

@@ -9,6 +9,9 @@ import pytest
 import dataservice
 from dataservice import Dataset, errors
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 class ParseError(Exception):
     pass

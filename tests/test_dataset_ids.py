@@ -128,8 +128,6 @@ def test_an_unknown_id_is_not_found_naming_it(cluster):
 BAD_IDS = [
     ("", "dataset_id '' is empty"),
     ("x" * 257, "has 257 characters, more than 256"),
-    ("1234", "dataset_id '1234' is all digits, the form of the dispatcher's numeric ids (a numeric id goes as an "
-             "int: 1234)"),
     ("-v3", "starts with '-'"),
     (".hidden", "starts with '.'"),
     ("my data", "holds the character ' '"),

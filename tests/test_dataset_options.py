@@ -7,6 +7,9 @@ import pytest
 from dataservice import AUTOTUNE, Dataset, Options, ThreadingOptions
 from dataservice.data import dataset as dataset_module
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 WAIT = 10  # seconds; a bound for waits that a correct executor satisfies at once
 
 

@@ -11,6 +11,9 @@ import pytest
 from dataservice import AUTOTUNE, Dataset, Options
 from tests.elements import ints
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 WAIT = 10
 
 

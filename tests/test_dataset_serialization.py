@@ -14,6 +14,9 @@ from dataservice.data.serialization import dataset_fingerprint, deserialize_data
 from dataservice.errors import PipelineSerializationError
 from tests.elements import values as json_values
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

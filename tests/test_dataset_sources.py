@@ -13,6 +13,9 @@ from dataservice.errors import InvalidArgumentError
 from tests.elements import values
 from dataservice.data import sources
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 # --- range ------------------------------------------------------------------------
 

@@ -9,6 +9,9 @@ from tests.elements import values
 from dataservice.data import sources
 from dataservice.errors import NotSplittableError
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 
 

@@ -21,6 +21,9 @@ from dataservice.data import experimental, stats
 from dataservice.data.experimental import StatsAggregator, StatsOptions, bytes_produced_stats, latency_stats
 from dataservice.data.stats import EXACT_BELOW, NUM_BUCKETS, Histogram, element_bytes
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 WAIT = 60  # seconds: a bound on thread joins that a working pipeline meets at once
 
 

@@ -13,6 +13,9 @@ from dataservice import Dataset, errors
 from dataservice.data import DatasetSpec, Optional, TensorSpec, deserialize_dataset, serialize_dataset
 from dataservice.data import specs
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 def windows(ds):
     return [[int(x) for x in w] for w in ds]

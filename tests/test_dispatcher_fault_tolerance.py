@@ -20,7 +20,7 @@ from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.rpc import make_channel
 from tests.cluster import TestCluster, free_port
-from tests.journals import comparable, fail_writes, replay
+from tests.journals import comparable, fail_writes, named_job, replay
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -77,7 +77,7 @@ def test_restart_keeps_datasets_jobs_and_ids(tmp_path):
             assert register_dataset(cluster.target, pipeline) == dataset_id
             assert client.get_or_create_job(dataset_id, state_pb2.DISTRIBUTED_EPOCH, "train") == job_id
             with restarted.core._cond:
-                assert restarted.core.state.jobs_by_name["train"] == job_id
+                assert named_job(restarted.core.state, "train") == job_id
                 assert "localhost:%d" % cluster.workers[0].port in restarted.core.state.workers
 
             # New objects get new ids, never one from before the restart.

@@ -16,7 +16,7 @@ from dataservice.dispatcher.state import DispatcherState, IterationState
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
-from tests.journals import FakeClock, Recorder
+from tests.journals import FakeClock, Recorder, named_job
 
 PE, DE = state_pb2.PARALLEL_EPOCHS, state_pb2.DISTRIBUTED_EPOCH
 
@@ -94,14 +94,14 @@ def test_named_job_is_shared_and_anonymous_jobs_are_not(core):
     assert job(core, dataset_id) != job(core, dataset_id)
 
 
-def test_job_name_reused_with_another_dataset_or_mode_conflicts(core):
+def test_job_name_reused_with_another_mode_conflicts_and_with_another_dataset_is_another_job(core):
     a, b = register(core, b"a"), register(core, b"b")
-    job(core, a, PE, "j")
-    with pytest.raises(errors.AlreadyExistsError, match="'j'"):
-        job(core, b, PE, "j")
-    with pytest.raises(errors.AlreadyExistsError, match="distributed_epoch"):
+    first = job(core, a, PE, "j")
+    with pytest.raises(errors.AlreadyExistsError, match="'j'.*distributed_epoch"):
         job(core, a, DE, "j")
-    assert len(core.state.jobs) == 1
+    # As in tf.data service, a job name is scoped by the dataset id read.
+    assert job(core, b, PE, "j") != first and job(core, a, PE, "j") == first
+    assert len(core.state.jobs) == 2
 
 
 def test_bad_processing_mode_and_unsplittable_datasets(core):
@@ -315,7 +315,7 @@ def test_each_iteration_of_a_job_has_its_own_splits(core):
 
 def test_release_of_clients(core):
     it = iteration(core, job(core, register(core), name="j"))
-    other = iteration(core, core.state.jobs_by_name["j"])
+    other = iteration(core, named_job(core.state, "j"))
     assert core.state.iterations[it.iteration_id].clients == {it.client_id, other.client_id}
     core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
     core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))  # idempotent
@@ -343,7 +343,7 @@ def test_idle_iteration_is_garbage_collected_after_the_timeout(core, clock):
     # Collected, the job leaves the state with its iteration and task: nothing of it can be read.
     assert (job_id, it.iteration_id, task_id) not in (core.state.jobs, core.state.iterations, core.state.tasks)
     assert job_id not in core.state.jobs and task_id not in core.state.tasks
-    assert core.state.jobs_pruned == 1 and "j" not in core.state.jobs_by_name
+    assert core.state.jobs_pruned == 1 and "j" not in {key.job_name for key in core.state.jobs_by_key}
     assert core.collect_garbage() == []  # collected once
     assert list(heartbeat(core, "w1:1", current=[task_id]).tasks_to_delete) == [task_id]
     with pytest.raises(errors.NotFoundError, match="left the dispatcher.s state; a new read under the job name .j. starts a new job"):

@@ -5,6 +5,7 @@ element exactly once. In-process clusters (tests/cluster.py) and, for kill -9, r
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import threading
 
@@ -76,6 +77,25 @@ def test_load_with_wait_reads_while_the_save_is_written(tmp_path):
         values = run_with_deadline(lambda: list(loaded), TIMEOUT_S)
         assert os.path.exists(os.path.join(path, saves.DONE_FILE))
         assert_exactly_once(values, 30_000)
+
+
+def test_dataset_load_takes_wait_with_tf_datas_signature(tmp_path):
+    # tf.data: Dataset.load(path, element_spec=None, compression=None, reader_func=None, wait=False).
+    for load in (Dataset.load, ds.load):
+        assert [(p.name, p.default) for p in inspect.signature(load).parameters.values()] == [
+            ("path", inspect.Parameter.empty), ("element_spec", None), ("compression", None),
+            ("reader_func", None), ("wait", False)]
+    with TestCluster(num_workers=2) as cluster:
+        path = str(tmp_path / "growing")
+        ds.distributed_save(Dataset.range(30_000).map(slow_identity), path, cluster.target)
+        with pytest.raises(FileNotFoundError, match="not done yet: pass wait=True"):
+            Dataset.load(path)
+        loaded = Dataset.load(path, None, None, None, True)  # positionally, as tf.data's
+        assert not os.path.exists(os.path.join(path, saves.DONE_FILE)), "read starts before the save ends"
+        assert_exactly_once(run_with_deadline(lambda: list(loaded), TIMEOUT_S), 30_000)
+        assert os.path.exists(os.path.join(path, saves.DONE_FILE))
+        # Once the save is done, wait=True reads it as a finished save.
+        assert Dataset.load(path, wait=True).cardinality() == 30_000
 
 
 def test_a_failing_pipeline_writes_error_with_its_reason(tmp_path):

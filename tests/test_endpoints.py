@@ -30,7 +30,7 @@ from dataservice.service import dispatcher_client as dispatcher_client_module
 from dataservice.service.dispatcher_client import DISPATCHER_SERVICE, WORKER_SERVICE, DispatcherClient
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING, HTTP2_PREFACE, EndpointKind, probe_endpoint
 from dataservice.service.rpc import create_server
-from tests.cluster import free_port, wait_until
+from tests.cluster import free_port, raw_tcp_server, wait_until
 
 #: Long enough that retrying a wrong endpoint until the timeout would fail the time bound below.
 GENEROUS_TIMEOUT_MS = 30_000
@@ -77,32 +77,18 @@ def foreign_grpc_server() -> Iterator[str]:
 @pytest.fixture
 def banner_server() -> Iterator[str]:
     """A server that speaks first, as SSH does: its banner, then it closes."""
-    listener = socket.create_server(("127.0.0.1", 0))
+    def speak_first(conn: socket.socket) -> None:
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(1.0)
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-                conn.shutdown(socket.SHUT_WR)
-                conn.settimeout(1.0)
-                try:
-                    while conn.recv(4096):
-                        pass
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)  # wakes accept(), which close() alone does not on Linux
-        listener.close()
-        thread.join(timeout=5)
+    with raw_tcp_server(speak_first) as address:
+        yield address
 
 
 @pytest.fixture

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -20,7 +22,9 @@ from dataservice import Dataset, DispatcherConfig, DispatchServer, Options, Work
 from dataservice.cli import build_parser, dispatcher_config, main
 from dataservice.client.distribute import distribute
 from dataservice.data.experimental import StatsAggregator
+from dataservice.errors import ServiceUnavailableError
 from tests.cluster import TestCluster, run_with_deadline, wait_until
+from tests.journals import named_job
 
 N = 2000
 
@@ -58,13 +62,27 @@ def http_cluster():
         cluster.stop()
 
 
-def _slow_range(n: int) -> Dataset:
-    return Dataset.range(n).map(lambda x: np.full(16, x, dtype=np.int64))
+def _gated_range(n: int, gate: Path) -> Dataset:
+    """``Dataset.range(n)``, each element 16 int64s; from 3n/4 on, elements wait (20 s at most) for the file
+    ``gate`` to exist. The workers cannot finish the job before the test has looked at it mid-read: they
+    would otherwise produce all n elements long before the test reads half of them. (A file, not an Event:
+    the function travels to the workers by value.)"""
+    path = str(gate)
+
+    def element(x):
+        if x >= n * 3 // 4:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return np.full(16, x, dtype=np.int64)
+
+    return Dataset.range(n).map(element)
 
 
-def test_metrics_follow_a_real_read(http_cluster):
+def test_metrics_follow_a_real_read(http_cluster, tmp_path):
     cluster = http_cluster
-    ds = _slow_range(N).apply(distribute("distributed_epoch", cluster.target, job_name="metrics-read"))
+    gate = tmp_path / "gate"
+    ds = _gated_range(N, gate).apply(distribute("distributed_epoch", cluster.target, job_name="metrics-read"))
     it = iter(ds)
     got = [next(it) for _ in range(N // 2)]
     core = cluster.dispatcher.core
@@ -79,6 +97,7 @@ def test_metrics_follow_a_real_read(http_cluster):
     assert value(mid, "dataservice_jobs", state="running") == 1
     assert value(mid, "dataservice_iterations", state="active") == 1
     assert value(mid, "dataservice_splits_handed_out") >= 1
+    gate.touch()
     got += list(it)
     assert sorted(int(x[0]) for x in got) == list(range(N))
 
@@ -93,7 +112,7 @@ def test_metrics_follow_a_real_read(http_cluster):
     assert value(after, "dataservice_rpc_latency_seconds", method="GetSplit", quantile="0.99") > 0
     assert value(after, "dataservice_rpc_calls_total", method="WorkerHeartbeat") >= 2
     with core._cond:
-        job_id = core.state.jobs_by_name["metrics-read"]
+        job_id = named_job(core.state, "metrics-read")
 
     # Elements produced by the workers, in all and for the job, add up to the elements read.
     produced = job_produced = 0
@@ -108,9 +127,10 @@ def test_metrics_follow_a_real_read(http_cluster):
     assert job_produced == N
 
 
-def test_status_json_shows_workers_jobs_and_clients(http_cluster):
+def test_status_json_shows_workers_jobs_and_clients(http_cluster, tmp_path):
     cluster = http_cluster
-    ds = _slow_range(N).apply(distribute("distributed_epoch", cluster.target, job_name="status-read"))
+    gate = tmp_path / "gate"
+    ds = _gated_range(N, gate).apply(distribute("distributed_epoch", cluster.target, job_name="status-read"))
     it = iter(ds)
     got = [next(it) for _ in range(100)]
     core = cluster.dispatcher.core
@@ -128,6 +148,7 @@ def test_status_json_shows_workers_jobs_and_clients(http_cluster):
     (client,) = status["clients"]
     assert client["job_id"] == job["job_id"] and client["elements"] >= 1
     assert status["recommended_workers"]["current"] == 2
+    gate.touch()
     got += list(it)
     assert len(got) == N
 
@@ -233,7 +254,8 @@ def test_servers_stop_their_http_port_and_refuse_a_taken_one():
     again = DispatchServer(DispatcherConfig(http_port=ports[0]))
     try:
         assert again.http_port == ports[0] and b"dataservice_workers_alive" in get(ports[0], "/metrics")
-        with pytest.raises(OSError, match=rf"the dispatcher cannot serve HTTP on localhost:{ports[0]}"):
+        with pytest.raises(ServiceUnavailableError, match=rf"cannot bind 127\.0\.0\.1:{ports[0]} \(the dispatcher's HTTP "
+                                                         rf"port\): the port is in use"):
             DispatchServer(DispatcherConfig(http_port=ports[0]))
     finally:
         again.stop()
@@ -270,7 +292,8 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
 def test_status_page_in_headless_chromium(http_cluster, tmp_path):
     cluster = http_cluster
-    ds = _slow_range(N).apply(distribute("distributed_epoch", cluster.target, job_name="browser-read"))
+    gate = tmp_path / "gate"
+    ds = _gated_range(N, gate).apply(distribute("distributed_epoch", cluster.target, job_name="browser-read"))
     it = iter(ds)
     got = [next(it) for _ in range(N // 4)]
     core = cluster.dispatcher.core
@@ -301,6 +324,7 @@ def test_status_page_in_headless_chromium(http_cluster, tmp_path):
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
 
+    gate.touch()
     got += list(it)
     assert len(got) == N
     # A worker's page: its totals and the job's row.

@@ -8,6 +8,9 @@ import pytest
 
 from dataservice.service.intervals import OffsetSet
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 
 def offsets(s: OffsetSet) -> set[int]:
     return {x for start, end in s.ranges for x in range(start, end)}

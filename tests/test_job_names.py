@@ -17,7 +17,7 @@ from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
 from tests.cluster import TestCluster, wait_until
-from tests.journals import FakeClock, Recorder, comparable, replay
+from tests.journals import FakeClock, Recorder, comparable, named_job, replay
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -109,7 +109,7 @@ def test_a_collected_named_job_is_created_again_under_its_name(core, clock, capl
 
     second = job(core, dataset_id)
     assert second != first and second > first
-    assert core.state.jobs_by_name["train"] == second
+    assert named_job(core.state, "train") == second
     # The collected job left the state: its name simply starts a new job.
     assert first not in core.state.jobs and old_iteration not in core.state.iterations
     # The new job reads the whole dataset again, from a fresh iteration with its own task.
@@ -125,17 +125,19 @@ def test_a_collected_named_job_is_created_again_under_its_name(core, clock, capl
     assert "a new read" not in str(raised.value)  # the name belongs to the new job now
 
 
-def test_a_collected_name_may_be_reused_with_another_dataset_or_mode(core, clock):
+def test_a_collected_name_may_be_reused_with_another_mode(core, clock):
     a, b = register(core, b"a"), register(core, b"b")
     first = job(core, a, PE)
     release(core, iteration(core, first))
     with pytest.raises(errors.AlreadyExistsError):
-        job(core, b, DE)  # not collected yet: the name is taken
+        job(core, a, DE)  # not collected yet: the name is taken, for dataset a
+    # A name is scoped by the dataset id read (as in tf.data service): under it, dataset b is another job.
+    assert job(core, b, DE) not in (first, None)
     assert collect(core, clock)
-    second = job(core, b, DE)
-    assert (core.state.jobs[second].dataset_id, core.state.jobs[second].processing_mode) == (b, DE)
+    second = job(core, a, DE)
+    assert (core.state.jobs[second].dataset_id, core.state.jobs[second].processing_mode) == (a, DE)
     # ... and the new job's parameters bind the name from now on.
-    with pytest.raises(errors.AlreadyExistsError, match="dataset %d in distributed_epoch" % b):
+    with pytest.raises(errors.AlreadyExistsError, match="dataset %d in distributed_epoch" % a):
         job(core, a, PE)
 
 
@@ -152,7 +154,7 @@ def test_a_named_job_with_any_live_iteration_keeps_its_name(core, clock):
         iteration(core, first, 0)
     assert "a new read" not in str(raised.value)  # the name is not free: repetition 1 lives
     with pytest.raises(errors.AlreadyExistsError):
-        job(core, register(core, b"other"))
+        job(core, dataset_id, DE)
     release(core, one)
     assert collect(core, clock) == [one.iteration_id]
     assert job(core, dataset_id) != first
@@ -164,7 +166,7 @@ def test_anonymous_jobs_are_untouched(core, clock):
     release(core, iteration(core, anonymous))
     assert anonymous not in core.state.jobs  # its one reader left: nobody can read it again
     assert job(core, dataset_id, name="") != anonymous
-    assert core.state.jobs_by_name == {} and events(core, "recreate_job") == []
+    assert core.state.jobs_by_key == {} and events(core, "recreate_job") == []
 
 
 def test_an_iteration_idle_when_the_dispatcher_restarted_is_still_collected(core, clock):
@@ -198,7 +200,7 @@ def recreate(core, clock, dataset_id: int) -> tuple[int, int]:
     second = job(core, dataset_id)
     iteration(core, second)
     # The collected job left the state; the name is bound to the new one.
-    assert first not in core.state.jobs and core.state.jobs_by_name["train"] == second
+    assert first not in core.state.jobs and named_job(core.state, "train") == second
     return first, second
 
 
@@ -213,13 +215,13 @@ def test_replaying_the_updates_binds_the_name_to_the_new_job(core, clock):
     for update in recorder.updates:
         replayed.apply(update)
     assert vars(replayed) == vars(core.state)
-    assert replayed.jobs_by_name["train"] == second
+    assert named_job(replayed, "train") == second
 
     from_checkpoint = DispatcherState()
     for update in core.state.to_updates():
         from_checkpoint.apply(update)
     assert vars(from_checkpoint) == vars(core.state)
-    assert from_checkpoint.jobs_by_name == {"unrelated": core.state.jobs_by_name["unrelated"], "train": second}
+    assert from_checkpoint.jobs_by_key == core.state.jobs_by_key and named_job(from_checkpoint, "train") == second
 
 
 def test_a_checkpoint_binds_the_name_to_the_new_job_whatever_the_order_of_the_jobs():
@@ -238,7 +240,7 @@ def test_a_checkpoint_binds_the_name_to_the_new_job_whatever_the_order_of_the_jo
     rebuilt = DispatcherState()
     for update in state.to_updates():
         rebuilt.apply(update)
-    assert rebuilt.jobs_by_name["train"] == 4
+    assert named_job(rebuilt, "train") == 4
     assert set(rebuilt.jobs) == {2, 4}
 
 
@@ -263,7 +265,7 @@ def test_after_recreation_and_a_restart_the_name_maps_to_the_new_job(tmp_path, c
     restarted.open()
     try:
         assert comparable(restarted.state) == expected
-        assert restarted.state.jobs_by_name["train"] == second
+        assert named_job(restarted.state, "train") == second
         assert first not in restarted.state.jobs and second in restarted.state.jobs
         core = DispatcherCore(CONFIG, clock=clock, store=restarted)
         assert job(core, dataset_id) == second
@@ -275,11 +277,11 @@ def test_after_recreation_and_a_restart_the_name_maps_to_the_new_job(tmp_path, c
         assert collect(core, clock)
         third = job(core, dataset_id)
         assert third not in (first, second)
-        assert second not in core.state.jobs and core.state.jobs_by_name["train"] == third
+        assert second not in core.state.jobs and named_job(core.state, "train") == third
         restarted.wait_durable()
     finally:
         restarted.close()
-    assert replayed_state(tmp_path).jobs_by_name["train"] == third
+    assert named_job(replayed_state(tmp_path), "train") == third
 
 
 def replayed_state(work_dir) -> DispatcherState:
@@ -330,7 +332,7 @@ def test_a_named_job_read_to_its_end_and_collected_is_read_again_in_full(caplog)
         (_, recreated) = cluster_events(cluster, "create_job")
         assert recreated["job_name"] == "train" and recreated["job_id"] != created["job_id"]
         with cluster.dispatcher.core._cond:
-            assert cluster.dispatcher.core.state.jobs_by_name["train"] == recreated["job_id"]
+            assert named_job(cluster.dispatcher.core.state, "train") == recreated["job_id"]
             assert created["job_id"] not in cluster.dispatcher.core.state.jobs
 
 
@@ -344,7 +346,7 @@ def test_a_recreated_name_survives_a_fault_tolerant_restart(tmp_path):
 
         restarted = cluster.restart_dispatcher()
         with restarted.core._cond:
-            assert restarted.core.state.jobs_by_name["train"] == recreated["job_id"]
+            assert named_job(restarted.core.state, "train") == recreated["job_id"]
         # The new job was idle at the restart: the restarted dispatcher collects it all the same.
         wait_until(lambda: cluster_events(cluster, "garbage_collect"), 10, "the second job to be collected")
         assert read(cluster.target) == list(range(N))

@@ -22,6 +22,9 @@ from dataservice.data import (UNKNOWN_CARDINALITY, AUTOTUNE, Dataset, FixedLengt
 from dataservice.data.serialization import deserialize_dataset, serialize_dataset
 from dataservice.errors import DataLossError, InvalidArgumentError, NotSplittableError
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord")
 with open(os.path.join(FIXTURES, "records.json")) as _f:
     SPEC = json.load(_f)

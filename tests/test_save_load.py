@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from fractions import Fraction
 
@@ -15,7 +16,7 @@ import pytest
 import dataservice
 from dataservice import AUTOTUNE, Dataset, TensorSpec, distribute
 from dataservice.data import save_format, saved
-from dataservice.errors import DataLossError
+from dataservice.errors import DataLossError, ElementSerializationError
 from tests.cluster import TestCluster, run_with_deadline, wait_until
 
 DEADLINE_S = 60
@@ -223,6 +224,22 @@ def test_a_save_that_fails_midway_leaves_nothing_loadable(tmp_path):
         Dataset.load(str(tmp_path / "other"))
     with pytest.raises(FileNotFoundError, match="no such directory"):
         Dataset.load(str(tmp_path / "nowhere"))
+
+
+def make_locked_record(x):
+    return {"id": x, "lock": threading.Lock()}
+
+
+def test_an_element_that_cannot_be_serialized_names_its_transformation_and_component(tmp_path):
+    path = tmp_path / "locked"
+    with pytest.raises(ElementSerializationError) as info:
+        Dataset.range(5).map(make_locked_record).prefetch(2).save(str(path))
+    assert info.value.where == "Dataset.map(make_locked_record)"
+    assert (info.value.path, info.value.component_type) == ("['lock']", "_thread.lock")
+    assert str(info.value).startswith("Dataset.map(make_locked_record) produced an element that cannot be "
+                                      "serialized: its component ['lock'] is a _thread.lock")
+    with pytest.raises(FileNotFoundError, match="metadata.json is missing"):
+        Dataset.load(str(path))
 
 
 KILLED_SAVE = """

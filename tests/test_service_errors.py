@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from dataservice import Dataset, distribute, errors, from_dataset_id, register_dataset
-from tests.cluster import TestCluster, free_port
+from tests.cluster import TestCluster, free_port, run_with_deadline
 from tests.elements import ints
 
 # A background thread (fetcher, heartbeat, task) dying of an exception fails the test.
@@ -76,7 +76,7 @@ def test_bad_timeout_is_a_value_error(make, value):
 
 
 def test_bad_dataset_id_is_a_value_error():
-    for bad in (0, -3, "1", None):
+    for bad in (0, -3, "01", None):  # "1" is dataset 1: ids pass as strings too, as in tf.data service
         with pytest.raises(ValueError, match="dataset_id"):
             from_dataset_id("parallel_epochs", "grpc://localhost:5050", bad)
 
@@ -217,6 +217,35 @@ def test_unencodable_element_is_reported_not_hung(cluster):
     with pytest.raises(TypeError, match="generator") as info:
         list(dataset)
     assert isinstance(info.value.__cause__, errors.RemoteUserError)
+
+
+def make_record(x):
+    return {"id": x, "lock": threading.Lock()}
+
+
+def make_nested(x):
+    return (x, {"meta": threading.Lock(), "ok": b"fine"})
+
+
+@pytest.mark.parametrize("pipeline, function, path", [
+    (lambda ds: ds.map(make_record), "make_record", "['lock']"),
+    # The transformations after the map pass its elements on: the map made them.
+    (lambda ds: ds.map(make_nested).prefetch(2).take(5), "make_nested", "[1]['meta']"),
+], ids=["dict", "nested-then-prefetch"])
+def test_unserializable_element_names_its_transformation_function_and_component(cluster, pipeline, function, path):
+    dataset = pipeline(Dataset.range(3)).apply(distribute("parallel_epochs", cluster.target))
+    with pytest.raises(errors.ElementSerializationError) as info:
+        run_with_deadline(lambda: list(dataset), 30)
+    error = info.value
+    assert re.fullmatch(rf"Dataset\.map\(\S*{function}\)", error.where), error.where
+    assert (error.path, error.component_type) == (path, "_thread.lock")
+    assert f"{error.where} produced an element that cannot be serialized: its component {path} is a " \
+           f"_thread.lock (TypeError: cannot pickle '_thread.lock' object)" in str(error)
+    assert isinstance(error, TypeError)
+    remote = error.__cause__
+    assert isinstance(remote, errors.RemoteUserError)
+    assert f"(raised in {error.where} on worker " in str(remote)
+    assert "wire.py" not in str(remote)  # what and where, not the encoder's frames
 
 
 # --- unsplittable pipelines ----------------------------------------------------------------

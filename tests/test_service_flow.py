@@ -281,7 +281,7 @@ class _Flag(logging.Handler):
 
 def test_worker_started_before_the_dispatcher_registers_and_serves():
     port = free_port()
-    flag = _Flag("heartbeat to dispatcher")
+    flag = _Flag("cannot reach its dispatcher")  # the worker's warning (worker/server.py)
     worker_log = logging.getLogger("dataservice.worker")
     worker_log.addHandler(flag)
     worker = WorkerServer(WorkerConfig(dispatcher_address=f"localhost:{port}", heartbeat_interval_ms=100,

@@ -29,6 +29,7 @@ from dataservice.service.host_identity import host_id
 from dataservice.worker import local_workers
 from tests import netns
 from tests.cluster import TestCluster, run_with_deadline, wait_until
+from tests.processes import run_cli, wait_for_workers
 
 #: The longest any read of these tests may take.
 READ_DEADLINE_S = 20.0
@@ -57,7 +58,8 @@ def read_all(dataset, deadline_s: float = READ_DEADLINE_S) -> list:
 @pytest.mark.parametrize("tags, why", [
     ("COLOCATED,zone-a", "not one string"),
     ([""], "non-empty"),
-    (["zone a"], "without commas or whitespace"),
+    ([" zone-a"], "without whitespace at either end"),
+    (["zone\na"], "printable"),
     (["a,b"], "without commas"),
     ([7], "the tag 7"),
     (["x" * 65], "at most 64"),
@@ -73,6 +75,12 @@ def test_worker_tags_are_a_tuple_and_the_flag_splits_commas(capsys):
         ("COLOCATED", "zone-a")
     args = build_parser().parse_args(["worker", "--dispatcher", "localhost:1", "--worker-tags", "COLOCATED,zone-a"])
     assert args.worker_tags == ("COLOCATED", "zone-a")
+    # Any string tf.data takes but for what cannot travel as written: spaces inside a tag are kept.
+    assert WorkerConfig(dispatcher_address="localhost:1", worker_tags=["Unused tag 1", "zône b"]).worker_tags == \
+        ("Unused tag 1", "zône b")
+    args = build_parser().parse_args(["worker", "--dispatcher", "localhost:1", "--worker-tags",
+                                      "Unused tag 1, Unused tag 2"])
+    assert args.worker_tags == ("Unused tag 1", "Unused tag 2")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--dispatcher", "localhost:1", "--worker-tags", "a,,b"])
     assert "drop empty ones" in capsys.readouterr().err
@@ -81,17 +89,17 @@ def test_worker_tags_are_a_tuple_and_the_flag_splits_commas(capsys):
 def test_tags_and_host_survive_the_journal():
     state = DispatcherState()
     state.apply(state_pb2.Update(register_worker=state_pb2.RegisterWorkerUpdate(
-        worker_address="w:1", worker_uid="u", worker_tags=["COLOCATED", "zone-a"], host_id="node-7")))
+        worker_address="w:1", worker_uid="u", worker_tags=["COLOCATED", "Unused tag 1"], host_id="node-7")))
     replayed = DispatcherState()
     for update in state.to_updates():
         replayed.apply(update)
-    assert replayed.workers["w:1"].tags == ("COLOCATED", "zone-a")
+    assert replayed.workers["w:1"].tags == ("COLOCATED", "Unused tag 1")
     assert replayed.workers["w:1"].host_id == "node-7"
 
 
 def test_tags_show_in_get_status_the_cli_tables_and_status_json():
     with TestCluster(num_workers=0, http_port=0) as cluster:
-        tagged = cluster.add_worker(worker_tags=["COLOCATED", "zone-a"])
+        tagged = cluster.add_worker(worker_tags=["COLOCATED", "Unused tag 1"])
         cluster.add_worker()
         cluster.wait_for_workers(2)
         client = DispatcherClient(cluster.dispatcher_address)
@@ -100,16 +108,32 @@ def test_tags_show_in_get_status_the_cli_tables_and_status_json():
         finally:
             client.close()
         by_address = {w.address: w for w in response.workers}
-        assert list(by_address[tagged.address].tags) == ["COLOCATED", "zone-a"]
+        assert list(by_address[tagged.address].tags) == ["COLOCATED", "Unused tag 1"]
         assert by_address[tagged.address].host_id == host_id()
         status = status_as_dict(response, cluster.target)
-        assert {w["address"]: w["tags"] for w in status["workers"]}[tagged.address] == ["COLOCATED", "zone-a"]
+        assert {w["address"]: w["tags"] for w in status["workers"]}[tagged.address] == ["COLOCATED", "Unused tag 1"]
         out = io.StringIO()
         format_status(status, out)
-        assert "TAGS" in out.getvalue() and "COLOCATED,zone-a" in out.getvalue()
+        assert "TAGS" in out.getvalue() and "COLOCATED,Unused tag 1" in out.getvalue()
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.dispatcher.http_port}/status.json", timeout=5) as f:
             page = json.load(f)
-        assert {w["address"]: w["tags"] for w in page["workers"]}[tagged.address] == ["COLOCATED", "zone-a"]
+        assert {w["address"]: w["tags"] for w in page["workers"]}[tagged.address] == ["COLOCATED", "Unused tag 1"]
+
+
+@pytest.mark.slow
+def test_a_worker_tagged_from_the_command_line_with_spaces_shows_in_dataservice_status(procs):
+    # tf.data service's own tests tag workers "Unused tag 1": the flag keeps spaces inside a tag.
+    dispatcher = procs.dispatcher()
+    worker = procs.worker(dispatcher.port, "--worker-tags", "Unused tag 1, COLOCATED")
+    wait_for_workers(dispatcher.port, [worker.address])
+    status = procs.status(dispatcher.port)
+    assert {w["address"]: w["tags"] for w in status["workers"]} == {worker.address: ["Unused tag 1", "COLOCATED"]}
+    table = run_cli(procs.env, "status", "--dispatcher", dispatcher.address)
+    assert table.returncode == 0, table.stderr
+    assert "Unused tag 1,COLOCATED" in table.stdout
+    # What cannot travel as written is refused before the worker starts, naming the tag.
+    refused = run_cli(procs.env, "worker", "--dispatcher", dispatcher.address, "--worker-tags", "ok,b\tad")
+    assert refused.returncode == 2 and "the tag 'b\\tad'" in refused.stderr, refused.stderr
 
 
 # --- LOCAL ----------------------------------------------------------------------------------------

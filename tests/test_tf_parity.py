@@ -25,6 +25,9 @@ from dataservice import errors
 from dataservice.data import specs
 from tests.tf_parity.encoding import Side, run_case
 
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "tf_parity")
 

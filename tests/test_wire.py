@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
 
+from dataservice.errors import ElementSerializationError
 from dataservice.service.wire import (FIXED_PREFIX_BYTES, OUT_OF_BAND_BYTES, WireFormatError, buffer_sizes,
                                       decode_elements, decode_frame, encode_elements, iter_chunks, split_frame)
+
+#: Pipelines run in this process; no server is talked to (tests/grpc_leak_guard.py checks it).
+pytestmark = pytest.mark.no_grpc
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -175,3 +180,29 @@ def test_unknown_tag():
     data[FIXED_PREFIX_BYTES] = ord("?")
     with pytest.raises(WireFormatError, match="unknown value tag"):
         decode_elements(data)
+
+
+# --- elements with no wire form -----------------------------------------------------------------
+
+def _local_point():
+    LocalPoint = collections.namedtuple("LocalPoint", ["x"])  # a type pickle cannot find by name
+    return LocalPoint(1)
+
+
+@pytest.mark.parametrize("element, path, component_type", [
+    ({"id": 1, "lock": threading.Lock()}, "['lock']", "_thread.lock"),
+    ((np.int64(1), {"meta": threading.Lock(), "ok": b"x"}), "[1]['meta']", "_thread.lock"),
+    (Point(1, {"tags": ["a", threading.Lock()]}), ".y['tags'][1]", "_thread.lock"),
+    ({threading.Lock(): 1}, "(as a key)", "_thread.lock"),
+    ((np.arange(3), _local_point()), "[1]", "test_wire.LocalPoint"),
+    ((i for i in range(3)), "", "generator"),
+], ids=["dict", "nested", "namedtuple-list", "key", "namedtuple-type", "whole-element"])
+def test_an_element_with_no_wire_form_names_the_component_and_its_type(element, path, component_type):
+    with pytest.raises(ElementSerializationError) as info:
+        encode_elements([np.arange(4), element])
+    error = info.value
+    assert path in error.path and error.component_type.endswith(component_type)
+    assert error.where == ""  # the encoder does not know the pipeline: the worker's task runner adds it
+    assert (f"its component {error.path} is a {error.component_type}" if path else
+            f"it is a {component_type}") in str(error)
+    assert isinstance(error.__cause__, Exception) and error.reason.endswith(str(error.__cause__))

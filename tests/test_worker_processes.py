@@ -268,7 +268,7 @@ def test_a_worker_process_that_cannot_bind_stops_the_others(procs: Processes) ->
         code = group.proc.popen.wait(timeout=60)
     stderr = group.proc.stderr
     assert code == 1, stderr
-    assert f"cannot bind 127.0.0.1:{port + 1}: the port is in use" in stderr  # the process's own error
+    assert f"cannot bind 127.0.0.1:{port + 1} (the worker's gRPC port): the port is in use" in stderr  # its own error
     assert re.search(rf"dataservice worker: error: cannot start: worker process 1 \(pid \d+, port {port + 1}\) "
                      rf"exited with code 1 before it started listening", stderr), stderr
     assert "worker processes started" not in "".join(group.proc.poll_lines())

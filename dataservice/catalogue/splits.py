@@ -37,11 +37,12 @@ AbsoluteInstruction('train', 24000, 60000)])
 Rounding percentages (``rounding=`` of ``ReadInstruction``):
 
 - ``"closest"`` (the default, and what spec strings use): the boundary p% of a split of n examples is the
-  integer nearest to p·n/100, a half rounding *up* (四舍五入), computed exactly from the percentage as written.
-  Of 101 examples, ``train[49%:50%]`` is [49.49 -> 49, 50.5 -> 51): records 49 and 50. Use it to be as close
-  as possible to the percentages asked for. (TFDS 4.9.10 rounds halves to even instead, so it reads only record
-  49 there; elsewhere the two agree.) Because halves always round the same way, ``train[-80%:]`` is always
-  ``train[20%:]``.
+  integer nearest to p·n/100, as TFDS 4.9 computes it (``round(p * n / 100.0)``: in floating point, a half
+  rounding to *even*), so a slice selects exactly the records ``tfds.load`` selects. Of 101 examples,
+  ``train[49%:50%]`` is [49.49 -> 49, 50.5 -> 50): record 49 alone, and ``train[:50%]`` is [0:50). Use it to
+  be as close as possible to the percentages asked for. A negative percentage rounds the same way, from the
+  end: ``train[-80%:]`` is ``train[20%:]``, but of 101 examples ``train[-50%:]`` is [51:101) (-50.5 -> -50)
+  where ``train[50%:]`` is [50:101).
 - ``"pct1_dropremainder"``: percentages are whole multiples of 1%, and 1% is ``n // 100`` examples, so
   ``[:30%]`` has exactly 3 times the records of ``[:10%]``. The last ``n % 100`` records may never be read, and a
   split of fewer than 100 examples is refused (every slice of it would be empty).
@@ -88,13 +89,21 @@ _ACCEPTED_FORMS = (
 
 
 def _round_half_up(value: Fraction) -> int:
-    # floor(x + 1/2) rounds every half the same way (up), so p% and (p - 100)% always land on the same record.
+    # floor(x + 1/2): even_splits' whole percentages, 100·i/n, a half up (12.5% -> 13%).
     return math.floor(value + Fraction(1, 2))
 
 
-def _exact(number: int | float) -> Fraction:
-    """The exact value of a percentage as written: 10.1 is 101/10, not the binary float nearest to it."""
-    return Fraction(number) if isinstance(number, int) else Fraction(repr(number))
+def _closest(percent: int | float, length: int) -> int:
+    """The record at which a boundary of ``percent``% of ``length`` records falls, as TFDS 4.9 computes it
+    (``_pct_to_abs_closest``), so that a slice selects the records ``tfds.load`` selects: in floating point,
+    a half rounding to even (Python's ``round``). Of 101 records, 49% is 49.49 -> 49 and 50% is 50.5 -> 50.
+
+    Example::
+
+        >>> _closest(49, 101), _closest(50, 101), _closest(-50, 101), _closest(12.5, 100)
+        (49, 50, -50, 12)
+    """
+    return int(round(percent * length / 100.0))
 
 
 def _format_number(number: int | float) -> str:
@@ -320,7 +329,7 @@ class ReadInstruction(AbstractSplit):
         if self.unit == "abs":
             return bound
         if self.rounding == "closest":
-            return _round_half_up(_exact(bound) * length / 100)
+            return _closest(bound, length)
         if length < 100:
             raise ValueError(f"rounding='pct1_dropremainder' needs a split of at least 100 examples, and split "
                              f"{self.split_name!r} has {length}: 1% of it is 0 examples, so every slice would be "
@@ -458,8 +467,10 @@ class EvenSplit(AbstractSplit):
                 size = length // self.count
                 start, stop = self.index * size, (self.index + 1) * size
             else:
-                start = _round_half_up(Fraction(percents[self.index] * length, 100))
-                stop = _round_half_up(Fraction(percents[self.index + 1] * length, 100))
+                # Percentages of the part, resolved as a slice's are, so the strings for a whole split
+                # (even_splits("train", n)) and these objects read the same records.
+                start = _closest(percents[self.index], length)
+                stop = _closest(percents[self.index + 1], length)
             parts.append(AbsoluteInstruction(whole.split_name, whole.from_ + start, whole.from_ + stop))
         return parts
 

@@ -16,7 +16,11 @@ A round the worker says is over for this consumer (``skip_to_round``: it restart
 went on) is skipped too. The dispatcher may tell the reader not to go past a round (``block_round``) while
 a worker joins the rotation there; the reader reports the round it asks for next in every heartbeat.
 
-Coordinated jobs are infinite: no exactly-once bookkeeping (progress reports) is kept.
+Coordinated jobs are infinite: no exactly-once bookkeeping (progress reports) is kept. One that ends after all
+(a pipeline of unknown cardinality) ends at the first round its task could not fill: the worker answers
+end_of_sequence for it (``round_robin``), the same for every consumer, which gets every round before it first.
+The dispatcher's ``iteration_finished`` is the end only for a reader that has read no task yet; one that has
+learns the end from its workers, as its fetched rounds (and any answer on its way) may still hold elements.
 
 Example::
 
@@ -33,7 +37,8 @@ from typing import Any, Optional
 
 from dataservice import errors
 from dataservice.client.read_options import ReadOptions
-from dataservice.client.reader import IterationReader, MAX_RESPONSE_BYTES, GET_ELEMENTS_WAIT_MS, FIRST_BACKOFF_S
+from dataservice.client.reader import _END, IterationReader, MAX_RESPONSE_BYTES, GET_ELEMENTS_WAIT_MS, \
+    FIRST_BACKOFF_S
 from dataservice.client.transports import TransientError
 from dataservice.dispatcher.coordinated_rounds import Rotation
 from dataservice.proto import dispatcher_pb2, worker_pb2
@@ -47,7 +52,8 @@ __all__ = ["CoordinatedReader", "ROUNDS_AHEAD"]
 
 #: Rounds a reader asks for ahead of its consumer, at most (its fetchers run in parallel, one per task).
 ROUNDS_AHEAD = 8
-_END = object()
+# The end marker is IterationReader's: its _end_on, which __next__ uses, ends the read on that one. (A pipeline of
+# unknown cardinality that does end ends a coordinated read.)
 
 
 class CoordinatedReader(IterationReader):
@@ -70,6 +76,7 @@ class CoordinatedReader(IterationReader):
         self._results: dict[int, tuple[Any, int]] = {}   # round -> (element, bytes)
         self._over: dict[int, int] = {}     # task -> rounds below this are over for us there
         self._end_round: Optional[int] = None
+        self._iteration_finished = False  # the dispatcher says so: no task joins any more
         self._failure: Optional[BaseException] = None
         self._ahead = max(1, min(ROUNDS_AHEAD, max_outstanding_requests))  # rounds asked ahead of the consumer
         super().__init__(dispatcher, job_id, repetition, max_outstanding_requests, data_transfer_protocol,
@@ -124,6 +131,8 @@ class CoordinatedReader(IterationReader):
                 return self._results.pop(r)
             if task in self._revoked or r < self._over.get(task, 0):
                 if not any(t not in self._revoked for t in self._rotation.task_ids):
+                    if self._iteration_finished:
+                        return _END  # no worker joins a finished iteration
                     return None  # every task lost: wait for a worker to join rather than spin
                 self._next_round = r + 1  # not fetched: no element this round (nor for others who did not)
                 self._rcond.notify_all()
@@ -145,24 +154,36 @@ class CoordinatedReader(IterationReader):
             except errors.DataServiceError as exc:
                 self._fail(exc)
                 return
-            if response.iteration_finished:
+            with self._lock:
+                reading = bool(self._fetchers)
+            if response.iteration_finished and not reading:
+                # Finished before this reader read any task: whoever held this consumer_index before took
+                # its elements (a task finishes only once its rounds are drained). End of input at once.
                 with self._rcond:
-                    self._end_round = self._next_round
+                    self._end_round = self._next_round if self._end_round is None \
+                        else min(self._end_round, self._next_round)
                     self._rcond.notify_all()
                 return
+            # Finished while we read: not the end here. Our elements may still be in our fetched rounds, or
+            # in an answer on its way (a task counts as finished once its rounds are taken, not received):
+            # the fetchers learn the end from the workers, which keep the tasks while we are a client (so we
+            # keep heartbeating). A finished iteration gets no new task: no block, and a round of a lost
+            # worker's task is skipped (_next_locked) rather than waited for.
             with self._lock:
                 self._revoked.update(response.revoked_tasks)
                 new = [t for t in response.tasks if t.task_id not in self._fetchers and t.task_id not in self._revoked]
             with self._rcond:
                 # The block first: a fetcher must not ask past it with the new rotation.
-                block_changed = response.block_round != self._block
-                self._block = response.block_round
+                block = 0 if response.iteration_finished else response.block_round
+                block_changed = block != self._block
+                self._block = block
+                self._iteration_finished = response.iteration_finished
                 # Sorted once here, not at every fetch and next().
                 self._rotation = Rotation((s.task_id, s.starting_round) for s in response.rotation)
                 self._rcond.notify_all()
             with self._lock:
                 self._start_fetchers_locked(new)  # after the rotation: their rounds are known
-            if block_changed and response.block_round:
+            if block_changed and block:
                 continue  # acknowledge the block at once: the joining worker waits for every consumer
             interval = self._heartbeat_interval(response, interval)
             self._stop.wait(interval)

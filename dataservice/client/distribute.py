@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Union
 
+import numpy as np
+
 from dataservice import errors
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.read_options import CrossTrainerCache, ReadOptions
@@ -27,7 +29,8 @@ from dataservice.data import specs
 from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext, \
     _ClosingIterator
 from dataservice.data.serialization import registered_cardinality, registered_element_spec, serialize_dataset
-from dataservice.dispatcher.request_checks import DATASET_NAME_RULE, dataset_name_problem, shown_name
+from dataservice.dispatcher.request_checks import DATASET_NAME_RULE, MAX_DATASET_NAME_CHARS, dataset_name_problem, \
+    shown_name
 from dataservice.proto import state_pb2
 from dataservice.service.addresses import channel_address
 from dataservice.service.auth import ClusterAuth
@@ -159,25 +162,46 @@ def _num_splits(dataset: Dataset) -> int:
         return -2
 
 
+#: The largest numeric id: the dispatcher's ids are int64.
+MAX_NUMERIC_ID = 2 ** 63 - 1
+
+
 def _check_dataset_name(dataset_id: str) -> str:
     """A dataset id chosen by the user, or ValueError naming what is wrong and the rule."""
     problem = dataset_name_problem(dataset_id)
     if problem is not None:
-        numeric = dataset_id.isascii() and dataset_id.isdigit() and len(dataset_id) <= 19
-        hint = f" (a numeric id goes as an int: {int(dataset_id)})" if numeric else ""
+        numeric = dataset_id.isascii() and dataset_id.isdigit() and len(dataset_id) <= MAX_DATASET_NAME_CHARS
+        hint = f" (from_dataset_id(..., dataset_id={dataset_id!r}) reads the dataset whose numeric id that is; " \
+               f"choose a name with a letter in it, say {'ds-' + dataset_id[:40]!r})" if numeric else ""
         raise ValueError(f"dataset_id {shown_name(dataset_id)} {problem}{hint}: a dataset id you choose is "
                          f"{DATASET_NAME_RULE}")
     return dataset_id
 
 
+def _numeric_id(dataset_id: str) -> Optional[int]:
+    """The numeric id an all-digit str names (``str(register_dataset(...))``: tf.data service's ids are
+    strings, and code ported from it passes them so), or None if ``dataset_id`` is not all digits.
+    ValueError for digits that are not how a numeric id is written (0, a leading zero, beyond int64)."""
+    if not (dataset_id.isascii() and dataset_id.isdigit()):
+        return None
+    if dataset_id.startswith("0") or len(dataset_id) > 19 or int(dataset_id) > MAX_NUMERIC_ID:
+        raise ValueError(f"dataset_id {shown_name(dataset_id)} is all digits, so it names a numeric id, but no numeric "
+                         f"id is written so: they are the positive int64s register_dataset returns, without "
+                         f"leading zeros (str(dataset_id) of one is fine)")
+    return int(dataset_id)
+
+
 def _parse_dataset_id(dataset_id: Union[int, str]) -> Union[int, str]:
-    """``from_dataset_id``'s ``dataset_id``: a numeric id from ``register_dataset``, or an id chosen with
-    ``register_dataset(..., dataset_id=...)``."""
+    """``from_dataset_id``'s ``dataset_id``: a numeric id from ``register_dataset`` (an int, a numpy integer,
+    or the same number as a str), or an id chosen with ``register_dataset(..., dataset_id=...)``."""
     if isinstance(dataset_id, str):
-        return _check_dataset_name(dataset_id)
-    if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or dataset_id <= 0:
-        raise ValueError(f"dataset_id must be a positive int returned by register_dataset, or a str chosen with "
-                         f"register_dataset(..., dataset_id=...), got {dataset_id!r}")
+        numeric = _numeric_id(dataset_id)
+        return _check_dataset_name(dataset_id) if numeric is None else numeric
+    if isinstance(dataset_id, np.integer):
+        dataset_id = int(dataset_id)
+    if not isinstance(dataset_id, int) or isinstance(dataset_id, bool) or not 0 < dataset_id <= MAX_NUMERIC_ID:
+        raise ValueError(f"dataset_id must be a positive int returned by register_dataset, or a str: that number "
+                         f"written out, or an id chosen with register_dataset(..., dataset_id=...), got {dataset_id!r}")
     return dataset_id
 
 
@@ -255,12 +279,14 @@ class _DataServiceDataset(Dataset):
         if dataset is not None and self._mode == state_pb2.DISTRIBUTED_EPOCH:
             dataset.num_splits()  # NotSplittableError now, naming the culprit, rather than at the dispatcher
         if dataset is not None and (self._read_options.coordinated or self._read_options.cross_trainer_cache) \
-                and dataset.cardinality() != INFINITE_CARDINALITY:
-            # Now, naming the fix; from_dataset_id learns it from the dispatcher, which checks it too.
+                and dataset.cardinality() >= 0:
+            # Now, naming the fix; from_dataset_id learns it from the dispatcher, which checks it too. Only a
+            # known end is refused, as in tf.data service: an unknown cardinality (flat_map, group_by_window,
+            # filter over an infinite input) may well never end.
             what = "coordinated reads (num_consumers)" if self._read_options.coordinated else "cross_trainer_cache"
-            raise ValueError(f"{what} need an infinite dataset, and the pipeline's cardinality is "
-                             f"{dataset.cardinality()}: end it with .repeat() before distribute, so that no reader "
-                             f"runs out of data while others still read")
+            raise ValueError(f"{what} need an infinite dataset (or one whose cardinality is unknown), and the "
+                             f"pipeline has {dataset.cardinality()} elements: end it with .repeat() before distribute, "
+                             f"so that no reader runs out of data while others still read")
         self._repetitions = itertools.count()
         self._lock = threading.Lock()
 
@@ -306,6 +332,27 @@ class _DataServiceDataset(Dataset):
         finally:
             client.close()
 
+    def _check_given_spec(self, client: DispatcherClient, dataset_id: int) -> None:
+        """from_dataset_id's ``element_spec`` against the spec recorded at registration, at the first read of
+        each dataset the id resolves to: errors.InvalidArgumentError naming both when they are not compatible
+        (``specs.is_compatible``, tf.data's ``is_compatible_with``). Nothing to compare with when the spec was
+        not known at registration."""
+        given = getattr(self, "_given_spec", None)
+        if given is None or self.__dict__.get("_spec_checked_for") == dataset_id:
+            return
+        try:
+            registered = registered_element_spec(client.get_dataset_def(dataset_id), f"dataset {dataset_id}")
+        except ValueError:  # not recorded at registration: only the elements themselves will tell
+            registered = None
+        if registered is not None and not specs.is_compatible(given, registered):
+            named = f"{self._dataset_id!r} ({dataset_id})" if isinstance(self._dataset_id, str) else f"{dataset_id}"
+            raise errors.InvalidArgumentError(
+                f"from_dataset_id(..., element_spec=...): the element_spec given, {given}, does not match the one "
+                f"dataset {named} was registered with, {registered}. They must have the same structure and dtypes, "
+                f"and shapes that agree wherever both are known (tf.data's is_compatible_with). Pass the "
+                f"registered pipeline's element_spec, or element_spec=None to learn it from the dispatcher")
+        self._spec_checked_for = dataset_id
+
     def cardinality(self) -> int:
         """As tf.data service: 0 when the registered pipeline is empty, infinite when it is infinite,
         otherwise unknown (how many elements a reader gets depends on the workers and other readers).
@@ -348,8 +395,13 @@ class _DataServiceDataset(Dataset):
         reader = None
         try:
             dataset_id = self._registered_id(client)
+            self._check_given_spec(client, dataset_id)
             options = getattr(self, "_read_options", None) or ReadOptions(job_name=self._job_name)
-            job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name, **options.job_fields())
+            # The job name is scoped by the id this reader names (as in tf.data service): a chosen id is sent
+            # along, so that readers of two names of one pipeline under one job_name read two jobs.
+            named = self._dataset_id if isinstance(self._dataset_id, str) else ""
+            job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name, dataset_name=named,
+                                              **options.job_fields())
             # A named job is shared: the k-th iteration of every reader is the same iteration.
             repetition = next(self._repetitions) if self._job_name else 0
             if repetition and options.cross_trainer_cache is not None:
@@ -391,7 +443,8 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         and a reader with target_workers "ANY", or "AUTO" with no COLOCATED worker on its host, reads
         every shard).
       service: the dispatcher, "grpc://host:port" or "host:port".
-      job_name: readers with the same name share one job, first come first served.
+      job_name: readers with the same name (and dataset id: a name is scoped by the id read, as in tf.data
+        service) share one job, first come first served.
       max_outstanding_requests: the most elements requested or buffered at once
         (memory is about this many times the element size); default 1024.
       timeout_ms: how long to keep trying an unreachable dispatcher.
@@ -406,10 +459,11 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         TLS); None reads DATASERVICE_TLS_CERT and DATASERVICE_TLS_KEY.
       consumer_index, num_consumers: coordinated reads: the ``num_consumers`` readers of the job
         ``job_name`` read in strict round-robin, all from the same worker at each step (this reader is
-        ``consumer_index``). Needs ``job_name`` and an infinite dataset (``repeat()``).
+        ``consumer_index``). Needs ``job_name`` and a dataset not known to end (``repeat()``; an unknown
+        cardinality, as of a ``flat_map``, is accepted, as in tf.data service).
       cross_trainer_cache: ``CrossTrainerCache(trainer_id)``: trainers of the job ``job_name`` share
         its elements through a sliding-window cache on each worker; each trainer sees every element
-        once. Needs an infinite dataset, iterated once per trainer (a slow trainer skips ahead
+        once. Needs a dataset not known to end, iterated once per trainer (a slow trainer skips ahead
         past what the window, ``WorkerConfig.cross_trainer_cache_size_bytes``, no longer holds).
       target_workers: "AUTO" (default), "ANY", or "LOCAL" (only workers running in this process, read
         without RPC or copy). Every reader of a job must pass the same.
@@ -450,18 +504,22 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: U
                     num_consumers: Optional[int] = None, cross_trainer_cache: Optional[CrossTrainerCache] = None,
                     target_workers: str = "AUTO", compression: Optional[str] = "AUTO") -> Dataset:
     """A Dataset reading the registered dataset ``dataset_id`` from the service: the int ``register_dataset``
-    returned, or the str chosen with ``register_dataset(..., dataset_id=...)`` (NotFoundError when reading if
-    nothing is registered under it).
+    returned (or that number as a str, as tf.data service code passes ids: an all-digit str always names a
+    numeric id), or the str chosen with ``register_dataset(..., dataset_id=...)`` (NotFoundError when reading if
+    nothing is registered under it). ``job_name`` is scoped by the id named here: readers of two ids (even two
+    names of one pipeline) under one job name read two jobs, as in tf.data service.
 
     ``element_spec`` (a structure of ``TensorSpec``, e.g. ``dataset.element_spec``) is what the
-    dataset's ``element_spec`` returns; None learns it from the dispatcher when first asked, as
-    recorded at registration (ValueError saying why when the pipeline's spec was not known without
-    running it). Elements describe themselves on the wire either way. The other arguments are
-    ``distribute``'s.
+    dataset's ``element_spec`` returns, checked at the first read against the spec recorded at registration
+    (``errors.InvalidArgumentError`` naming both when they are not compatible, by tf.data's
+    ``is_compatible_with``); None learns it from the dispatcher when first asked (ValueError saying why when the
+    pipeline's spec was not known without running it). Elements describe themselves on the wire either way.
+    The other arguments are ``distribute``'s.
 
     Example::
 
         >>> ds = from_dataset_id("distributed_epoch", "grpc://localhost:5050", dataset_id, job_name="train")
+        >>> ds = from_dataset_id("distributed_epoch", "grpc://localhost:5050", str(dataset_id), job_name="train")
     """
     dataset_id = _parse_dataset_id(dataset_id)
     options = ReadOptions(job_name=_parse_job_name(job_name), consumer_index=consumer_index,

@@ -36,7 +36,8 @@ def distributed_save(dataset: Dataset, path: Any, service: str, compression: Opt
                      tls_cert: Optional[str] = None, tls_key: Optional[str] = None) -> None:
     """Starts saving ``dataset`` into the directory ``path`` through the service at ``service``; returns at
     once (see the module docstring). ``compression``: "AUTO" (LZ4), "GZIP", "ZLIB", "LZ4", "ZSTD" or None.
-    ``path`` must not exist or be empty. Progress: ``dataservice save-status PATH``.
+    ``path`` must not exist or be empty: a path that holds a save, started or completed, raises
+    ``errors.AlreadyExistsError`` (as tf.data service). Progress: ``dataservice save-status PATH``.
 
     Example::
 

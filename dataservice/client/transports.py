@@ -38,7 +38,7 @@ from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service.auth import NONCE_KEY, PROOF_KEY, ClusterAuth, check_proof, client_proof, new_nonce, \
     server_proof
 from dataservice.service import cross_memory
-from dataservice.service.rpc import make_channel, translate
+from dataservice.service.rpc import GrpcFailure, make_channel, translate
 from dataservice.service.config import DATA_TRANSFER_PROTOCOLS as WORKER_PROTOCOLS
 from dataservice.service.data_transfer import (CHALLENGE_BYTES, HELLO_MAGIC, REQUEST_HEADER, RESPONSE_HEADER,
                                                TOO_MANY_CONNECTIONS, UNAUTHENTICATED, recv_into_exact)
@@ -176,11 +176,12 @@ class GrpcTransport:
                 # A certificate refused, or TLS on one side only: retrying cannot help.
                 why = describe_tls_failure(Exception(handshake_error), self._what)
                 raise (errors.WrongEndpointError if "does not speak TLS" in why
-                       else errors.PermissionDeniedError)(f"GetElements from {self._what}: {why}") from exc
+                       else errors.PermissionDeniedError)(f"GetElements from {self._what}: {why}") from GrpcFailure(exc)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND,
                         grpc.StatusCode.CANCELLED):
-                raise TransientError(str(exc.details()), answered=code == grpc.StatusCode.NOT_FOUND) from exc
-            raise translate(exc, f"GetElements for task {request.task_id} from {self._what}") from exc
+                raise TransientError(str(exc.details()), answered=code == grpc.StatusCode.NOT_FOUND) \
+                    from GrpcFailure(exc)
+            raise translate(exc, f"GetElements for task {request.task_id} from {self._what}") from GrpcFailure(exc)
         except ValueError as exc:  # grpc's word for a channel that interrupt() closed under us
             raise TransientError(f"{self._what}: {exc}") from None
         if head is None:

@@ -100,6 +100,11 @@ class Dataset:
     def _describe(self) -> str:
         return self._op_name
 
+    def _producer(self) -> "Dataset":
+        """The node that made this pipeline's elements, for messages about an element: this one, unless it
+        passes its input's elements on unchanged (prefetch, take, filter, ...: see ``_UnaryDataset``)."""
+        return self
+
     def _reads_from_service(self) -> bool:
         """Whether this pipeline reads from the data service (``distribute``, ``from_dataset_id``)."""
         return any(dataset._reads_from_service() for dataset in self._inputs())
@@ -201,6 +206,11 @@ class Dataset:
             raise TypeError("The dataset is infinite.")
         if n == UNKNOWN_CARDINALITY:
             raise TypeError("The dataset length is unknown.")
+        if n < 0:
+            # take(n) with n < -1 reports n, as tf.data. tf.data's __len__ then makes list(ds) raise
+            # ValueError; a TypeError lets list() iterate, as for an unknown length.
+            raise TypeError(f"The dataset length is not a count: its cardinality is {n}, which tf.data reports "
+                            f"for take({n}) (a take that takes every element).")
         return n
 
     def __bool__(self) -> bool:
@@ -324,16 +334,19 @@ class Dataset:
 
     @staticmethod
     def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,
-             reader_func: Optional[Callable[["Dataset"], "Dataset"]] = None) -> "Dataset":
-        """The dataset ``save`` wrote under ``path``; see ``dataservice.data.saved.load``.
+             reader_func: Optional[Callable[["Dataset"], "Dataset"]] = None, wait: bool = False) -> "Dataset":
+        """The dataset ``save`` (or ``distributed_save``) wrote under ``path``, as tf.data's ``Dataset.load``;
+        see ``dataservice.data.saved.load``. ``wait=True`` reads a ``distributed_save`` while it is written.
 
         Example::
 
             >>> ds = Dataset.load("/tmp/saved")  # knows its cardinality and element_spec; splittable
+            >>> ds = Dataset.load("/tmp/distributed", wait=True)  # elements as the save commits them
         """
         from dataservice.data import saved
 
-        return saved.load(path, element_spec=element_spec, compression=compression, reader_func=reader_func)
+        return saved.load(path, element_spec=element_spec, compression=compression, reader_func=reader_func,
+                          wait=wait)
 
     @staticmethod
     def zip(*args: Any, datasets: Any = None) -> "Dataset":

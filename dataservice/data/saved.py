@@ -39,6 +39,7 @@ from dataservice.data import save_format, structure
 from dataservice.data.dataset import INFINITE_CARDINALITY, Dataset, _function_name
 from dataservice.data.options import default_parallelism
 from dataservice.data.sources import SplittableSource
+from dataservice.service.wire import unencodable_error
 
 __all__ = ["save", "load", "SavedDataset", "ShardDatasets", "GrowingSave", "CHUNK_BYTES", "DEFAULT_MAX_SHARDS"]
 
@@ -226,9 +227,13 @@ def save(dataset: Dataset, path: Any, compression: Optional[str] = None,
             w.queue.put(None)
         for t in threads:
             t.join()
-    errors = [w.error for w in threads_shards if w.error is not None]
-    if errors:
-        raise errors[0]
+    failures = [w.error for w in threads_shards if w.error is not None]
+    if failures:
+        if isinstance(failures[0], errors.ElementSerializationError) and not failures[0].where:
+            failure = failures[0]  # a writer thread knows the element, the pipeline knows who made it
+            raise unencodable_error(failure.path, failure.component_type, failure.reason,
+                                    where=dataset._producer()._describe()) from failure
+        raise failures[0]
 
     if spec is None:
         # Not known without an element: the first one tells, as element_spec would have (relaxed).

@@ -47,7 +47,8 @@ from dataservice.data.transformations import _OptionsDataset, _UnaryDataset
 __all__ = ["TensorSpec", "DatasetSpec", "string", "as_dtype", "spec_from_value", "as_structure", "element_spec_of",
            "static_element_spec", "first_element", "relaxed", "traced_spec", "returned_dataset_spec",
            "inspected_spec", "needs_element", "batched", "unbatched",
-           "padded_batched", "concatenated", "declared", "with_generator_signature", "DeclaredSpecDataset",
+           "padded_batched", "concatenated", "is_compatible", "declared", "with_generator_signature",
+           "DeclaredSpecDataset",
            "encode", "decode"]
 
 
@@ -565,6 +566,23 @@ def _same_kind(a: Any, b: Any) -> bool:
     if isinstance(a, DatasetSpec) or isinstance(b, DatasetSpec):
         return isinstance(a, DatasetSpec) and isinstance(b, DatasetSpec)
     return isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
+
+
+def is_compatible(spec: Any, other: Any) -> bool:
+    """Whether elements described by ``other`` fit ``spec``, by tf.data's rule (``is_compatible_with``): the
+    same structure (tuples, named tuples, dict keys), and component by component the same dtype and shapes
+    that agree wherever both are known (a ``None`` dimension, or an unknown rank, fits any). Names are not
+    compared.
+
+    Example::
+
+        >>> is_compatible(TensorSpec((None, 8), np.float32), TensorSpec((64, 8), np.float32))
+        True
+        >>> is_compatible(TensorSpec((), np.int32), TensorSpec((), np.int64))
+        False
+    """
+    return _same_kind(spec, other) and all(
+        a.is_compatible_with(b) for a, b in zip(structure.flatten(spec), structure.flatten(other)))
 
 
 def concatenated(first: Any, second: Any) -> Any:

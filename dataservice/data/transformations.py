@@ -147,6 +147,13 @@ class _UnaryDataset(Dataset):
         # filter, shuffle, repeat, take, skip, prefetch, cache, ...: elements pass through unchanged.
         return self._input.element_spec
 
+    def _producer(self) -> Dataset:
+        # Those that keep this _element_spec pass their input's elements on unchanged (see above): the
+        # element came from further up.
+        if type(self)._element_spec is _UnaryDataset._element_spec:
+            return self._input._producer()
+        return self
+
 
 class _OptionsDataset(_UnaryDataset):
     _op_name = "Dataset.with_options"
@@ -564,19 +571,22 @@ class TakeDataset(_UnaryDataset):
 
     def __init__(self, input_dataset: Dataset, count: int):
         super().__init__(input_dataset)
-        # Any negative count takes everything, as tf.data; its cardinality there is min(n, count), a
-        # negative number that is no count (take(-3) of range(5) says -3): here it is the input's.
+        # Any negative count takes everything, as tf.data.
         self._count = _check_signed_count("count", count)
+        # The count as given, for cardinality(): tf.data's take_dataset_op.cc computes it from the raw
+        # count, so take(-5) of range(10) says min(10, -5) = -5, a negative number that is no count.
+        self._given_count = int(count)
 
     def cardinality(self) -> int:
+        # take_dataset_op.cc's CardinalityInternal, step for step.
         n = self._input.cardinality()
-        if self._count == -1:
-            return n
-        if n == INFINITE_CARDINALITY:
-            return self._count
         if n == UNKNOWN_CARDINALITY:
             return n
-        return min(n, self._count)
+        if n == INFINITE_CARDINALITY:
+            return self._given_count
+        if self._given_count == INFINITE_CARDINALITY:
+            return n
+        return min(n, self._given_count)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         it = self._input._iterator(ctx)

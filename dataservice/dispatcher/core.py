@@ -35,7 +35,7 @@ from dataservice.dispatcher import saves, scaling, static_workers
 from dataservice.dispatcher.client_stats import ClientStats, LoadReports, WorkerRecommendation
 from dataservice.dispatcher.coordinated_rounds import RoundCoordinator, rotation_of
 from dataservice.dispatcher.rpc_stats import RpcStats
-from dataservice.dispatcher.state import DispatcherState, IterationState
+from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey
 from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.addresses import parse_address
@@ -93,6 +93,8 @@ LIVENESS_TICK_S = 1.0
 #: beyond this many, a long poll is answered at once, so waiting calls can never hold every
 #: thread and starve the calls a read needs (a worker answered early waits on its own side).
 LONG_POLL_SLOTS = 12
+#: The RPCs that long-poll (wait here for news): their latency is mostly waiting by design, not slowness.
+LONG_POLL_METHODS = frozenset({"WorkerHeartbeat", "GetSplit"})
 #: New tasks one WorkerHeartbeat answer carries at most; the answer says there are more, and the
 #: worker asks again at once. Keeps the reply small however many iterations are created at once.
 MAX_NEW_TASKS_PER_HEARTBEAT = 256
@@ -108,6 +110,11 @@ INFINITE = -1
 def _read_options(job) -> tuple:
     """A job's (or a GetOrCreateJobRequest's) read options, which every reader of a named job shares."""
     return job.num_consumers, bool(job.cross_trainer_cache), (job.target_workers or "AUTO").upper()
+
+
+def _shown_dataset(job) -> str:
+    """The dataset a job's readers named: ``dataset 'tens-v1' (1733400000000000)`` or ``dataset 1733400000000000``."""
+    return f"dataset {job.dataset_name!r} ({job.dataset_id})" if job.dataset_name else f"dataset {job.dataset_id}"
 
 
 def _shown_read_options(job) -> str:
@@ -140,8 +147,8 @@ class DispatcherCore:
         self._awaiting_stop: dict[int, set] = {}
         self._iteration_idle_since: dict[int, float] = {}
         self._long_polls = 0
-        # Recently pruned jobs' names, for the error a late client gets (volatile, bounded).
-        self._pruned_jobs: dict[int, str] = {}
+        # Recently pruned jobs' keys, for the error a late client gets (volatile, bounded).
+        self._pruned_jobs: dict[int, JobKey] = {}
         # Finished named jobs still in the state, oldest first (volatile: rebuilt from the state).
         self._finished_jobs: dict[int, None] = {
             job.job_id: None for job in sorted(self.state.jobs.values(), key=lambda j: j.job_id)
@@ -270,27 +277,38 @@ class DispatcherCore:
                 raise errors.NotSplittableError(
                     f"dataset {req.dataset_id} is not splittable, so it cannot be read in distributed_epoch mode; "
                     "use parallel_epochs")
-            if (req.num_consumers or req.cross_trainer_cache) and \
-                    registered_cardinality(dataset.dataset_def) != INFINITE_CARDINALITY:
+            cardinality = registered_cardinality(dataset.dataset_def) \
+                if req.num_consumers or req.cross_trainer_cache else INFINITE_CARDINALITY
+            if cardinality >= 0:
+                # Only a known end is refused, as in tf.data service: a pipeline whose cardinality is unknown
+                # (flat_map, group_by_window, filter over an infinite input) may well never end.
                 what = "coordinated reads (num_consumers)" if req.num_consumers else "cross_trainer_cache"
                 raise errors.InvalidRequestError(
-                    f"{what} need an infinite dataset, and dataset {req.dataset_id} is not known to be infinite "
-                    f"(its cardinality is {registered_cardinality(dataset.dataset_def)}): end the pipeline with "
-                    f".repeat(), so that no reader runs out of data while others still read")
+                    f"{what} need an infinite dataset (or one whose cardinality is unknown), and dataset "
+                    f"{req.dataset_id} has {cardinality} elements: end the pipeline with .repeat(), so that no reader "
+                    f"runs out of data while others still read")
+            if req.dataset_name and self.state.datasets_by_name.get(req.dataset_name) != req.dataset_id:
+                raise errors.InvalidRequestError(
+                    f"GetOrCreateJob: dataset id {req.dataset_name!r} does not name dataset {req.dataset_id} "
+                    f"(it names {self.state.datasets_by_name.get(req.dataset_name) or 'nothing'})")
             collected = None
             if req.job_name:
-                job_id = self.state.jobs_by_name.get(req.job_name)
+                # As in tf.data service, a job name is scoped by the dataset id the reader names: readers
+                # naming other ids (even other names of this pipeline) under this name read other jobs.
+                key = JobKey(req.job_name, req.dataset_id, req.dataset_name)
+                job_id = self.state.jobs_by_key.get(key)
                 if job_id is not None:
                     job = self.state.jobs[job_id]
                     if self._job_collected(job):
                         # Nothing of the old job can be read any more: without a new job the name
                         # would be dead until a restart. Its parameters bind no one now either.
                         collected = job
-                    elif job.dataset_id != req.dataset_id or job.processing_mode != req.processing_mode:
+                    elif job.processing_mode != req.processing_mode:
                         raise errors.AlreadyExistsError(
-                            f"job name {req.job_name!r} is already used by a job reading dataset {job.dataset_id} "
-                            f"in {MODE_NAMES[job.processing_mode]}; this request reads dataset {req.dataset_id} in "
-                            f"{MODE_NAMES[req.processing_mode]}. Use another job_name.")
+                            f"job name {req.job_name!r} is already used by a job reading {_shown_dataset(job)} in "
+                            f"{MODE_NAMES[job.processing_mode]}; this request reads it in "
+                            f"{MODE_NAMES[req.processing_mode]}. Every reader of a job must pass the same "
+                            f"processing_mode: use another job_name for the other mode.")
                     elif _read_options(job) != _read_options(req):
                         raise errors.InvalidRequestError(
                             f"job {req.job_name!r} is read with {_shown_read_options(job)}, but this reader asks "
@@ -300,12 +318,13 @@ class DispatcherCore:
                     else:
                         return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
             job_id = self.state.next_id()
-            # Applying it re-binds jobs_by_name to the new job; a collected job stays in the state
-            # (clients may still hold its id) but no longer answers to its name.
+            # Applying it re-binds jobs_by_key to the new job; a collected job stays in the state
+            # (clients may still hold its id) but no longer answers to its key.
             self._commit(state_pb2.Update(create_job=state_pb2.CreateJobUpdate(
                 job_id=job_id, job_name=req.job_name, dataset_id=req.dataset_id,
                 processing_mode=req.processing_mode, num_consumers=req.num_consumers,
-                cross_trainer_cache=req.cross_trainer_cache, target_workers=req.target_workers or "AUTO")))
+                cross_trainer_cache=req.cross_trainer_cache, target_workers=req.target_workers or "AUTO",
+                dataset_name=req.dataset_name if req.job_name else "")))
             self._event("create_job", job_id=job_id, job_name=req.job_name)
             if collected is not None:
                 self._event("recreate_job", job_name=req.job_name, job_id=job_id, old_job_id=collected.job_id)
@@ -326,12 +345,12 @@ class DispatcherCore:
         with self._cond:
             job = self.state.jobs.get(req.job_id)
             if job is None:
-                name = self._pruned_jobs.get(req.job_id)
-                if name is None:
+                key = self._pruned_jobs.get(req.job_id)
+                if key is None:
                     raise errors.NotFoundError(f"job {req.job_id} does not exist: it was never created here, or it "
                                                f"finished and left the dispatcher's state long ago")
-                free = name and name not in self.state.jobs_by_name
-                hint = f"; a new read under the job name {name!r} starts a new job" if free else ""
+                free = key.job_name and key not in self.state.jobs_by_key
+                hint = f"; a new read under the job name {key.job_name!r} starts a new job" if free else ""
                 raise errors.NotFoundError(f"job {req.job_id} finished (or no client read it for "
                                            f"{self.config.job_gc_timeout_ms} ms) and left the dispatcher's state{hint}")
             iteration = self.state.find_iteration(req.job_id, req.repetition)
@@ -355,7 +374,7 @@ class DispatcherCore:
                 self._event("create_iteration", iteration_id=iteration_id, job_id=req.job_id)
                 iteration = self.state.iterations[iteration_id]
             elif iteration.state is IterationState.GARBAGE_COLLECTED:
-                free = job.name and self.state.jobs_by_name.get(job.name) == job.job_id and self._job_collected(job)
+                free = job.name and self.state.jobs_by_key.get(job.key) == job.job_id and self._job_collected(job)
                 hint = f"; a new read under the job name {job.name!r} starts a new job" if free else ""
                 raise errors.NotFoundError(
                     f"iteration {req.repetition} of job {req.job_id} was garbage collected: no client read it for "
@@ -633,7 +652,7 @@ class DispatcherCore:
         for iteration_id in job.iterations.values():
             self._iteration_idle_since.pop(iteration_id, None)
         self._finished_jobs.pop(job.job_id, None)
-        self._pruned_jobs[job.job_id] = job.name
+        self._pruned_jobs[job.job_id] = job.key
         while len(self._pruned_jobs) > PRUNED_JOBS_REMEMBERED:
             del self._pruned_jobs[next(iter(self._pruned_jobs))]
         self._event("prune_job", job_id=job.job_id, job_name=job.name)
@@ -855,18 +874,22 @@ class DispatcherCore:
     # --- distributed_save ----------------------------------------------------------------
     def distributed_save(self, req: dispatcher_pb2.DistributedSaveRequest) -> dispatcher_pb2.DistributedSaveResponse:
         """Starts saving dataset ``dataset_id`` into ``path``: creates the directory and its save.json, and
-        records the save; workers learn of it from their heartbeats. A retry (same path, same dataset) gets the
-        same save; another save into a path in use, or into a directory that is not empty, AlreadyExistsError."""
+        records the save; workers learn of it from their heartbeats. A retry of the call (same request_token:
+        its first attempt's answer was lost) gets the same save; any other save into a path that holds a save,
+        started or completed, or into a directory that is not empty, AlreadyExistsError (tf.data's rule)."""
         with self._cond:
             dataset = self._dataset(req.dataset_id)
             for save in self.state.saves.values():
                 if save.path == req.path:
-                    if save.dataset_id == req.dataset_id and not save.error:
+                    if req.request_token and save.request_token and save.dataset_id == req.dataset_id and \
+                            hmac.compare_digest(req.request_token, save.request_token):
                         return dispatcher_pb2.DistributedSaveResponse(save_id=save.save_id)
-                    if not save.finished:
-                        raise errors.AlreadyExistsError(
-                            f"distributed_save: save {save.save_id} (dataset {save.dataset_id}) is writing to "
-                            f"{req.path} now; save into another directory")
+                    state = ("failed: " + save.error.splitlines()[0][:200]) if save.error else \
+                        "completed" if save.finished else f"{len(save.committed)} of {save.num_groups} chunks written"
+                    raise errors.AlreadyExistsError(
+                        f"distributed_save: {req.path} already holds a distributed save, already started or "
+                        f"completed (save {save.save_id} of dataset {save.dataset_id}: {state}); save into "
+                        f"another directory, or remove this one first")
             if dataset.num_splits == INFINITE:
                 raise errors.InvalidRequestError(f"distributed_save: dataset {req.dataset_id} is infinite; take() "
                                                  f"a finite part to save it")
@@ -880,7 +903,7 @@ class DispatcherCore:
                 "element_spec": req.element_spec.hex() if req.element_spec else None})
             self._commit(state_pb2.Update(create_save=state_pb2.CreateSaveUpdate(
                 save_id=save_id, dataset_id=req.dataset_id, path=req.path, num_groups=num_groups,
-                compression=req.compression, element_spec=req.element_spec)))
+                compression=req.compression, element_spec=req.element_spec, request_token=req.request_token)))
             self._event("create_save", save_id=save_id, path=req.path, num_groups=num_groups)
             log.info("save %d: dataset %d into %s, %d chunks", save_id, req.dataset_id, req.path, num_groups)
             return dispatcher_pb2.DistributedSaveResponse(save_id=save_id)
@@ -1166,7 +1189,7 @@ class DispatcherCore:
                     iterations=[i.iteration_id for i in iterations][-limit:],
                     garbage_collected=any(i.state is IterationState.GARBAGE_COLLECTED for i in iterations),
                     num_consumers=job.num_consumers, cross_trainer_cache=job.cross_trainer_cache,
-                    target_workers=job.target_workers))
+                    target_workers=job.target_workers, dataset_name=job.dataset_name))
             counts = dispatcher_pb2.StatusCounts(
                 workers=len(s.workers), datasets=len(s.datasets), jobs=len(s.jobs), iterations=len(s.iterations),
                 tasks=len(s.tasks), clients=len(s.clients), jobs_finished=len(finished) + s.jobs_pruned,

@@ -176,6 +176,8 @@ def _get_or_create_job(req: dispatcher_pb2.GetOrCreateJobRequest, config: Dispat
                                req.target_workers.upper() not in _TARGET_WORKERS):
         raise errors.InvalidRequestError(f"{rpc}: target_workers {shown_name(req.target_workers)} is not one of "
                                          f"{', '.join(repr(t) for t in _TARGET_WORKERS)} ('': AUTO)")
+    if req.dataset_name:  # "": the reader named the numeric id
+        _dataset_name(rpc, req.dataset_name)
 
 
 def _get_or_create_iteration(req: dispatcher_pb2.GetOrCreateIterationRequest, config: DispatcherConfig) -> None:
@@ -269,6 +271,7 @@ def _distributed_save(req: dispatcher_pb2.DistributedSaveRequest, config: Dispat
         raise errors.InvalidRequestError(f"{rpc}: compression {shown_name(req.compression)} is not one of "
                                          f"{', '.join(repr(c) for c in _SAVE_CODECS)}")
     _max_bytes(rpc, "element_spec", req.element_spec, MAX_ELEMENT_SPEC_BYTES)
+    _max_bytes(rpc, "request_token", req.request_token, MAX_KEY_BYTES)
 
 
 def _save_worker(rpc: str, req) -> None:

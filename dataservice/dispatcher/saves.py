@@ -57,6 +57,12 @@ def prepare_directory(path: str) -> None:
         raise errors.InvalidRequestError(f"distributed_save: {path} exists and is not a directory")
     if os.path.isdir(path):
         leftovers = sorted(set(os.listdir(path)) - {CHUNKS_DIR, UNCOMMITTED_DIR})
+        if SAVE_FILE in leftovers:
+            # A save this dispatcher does not know of (it restarted without fault tolerance, or another wrote it).
+            ended = "completed" if DONE_FILE in leftovers else "failed" if ERROR_FILE in leftovers else "not completed"
+            raise errors.AlreadyExistsError(
+                f"distributed_save: {path} already holds a distributed save, already started or completed "
+                f"({ended}; its {SAVE_FILE} is there); save into another directory, or remove this one first")
         if leftovers or any(os.listdir(os.path.join(path, d)) for d in (CHUNKS_DIR, UNCOMMITTED_DIR)
                             if os.path.isdir(os.path.join(path, d))):
             raise errors.AlreadyExistsError(

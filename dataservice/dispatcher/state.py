@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from dataservice.proto import state_pb2
 from dataservice.service.intervals import OffsetSet
 
-__all__ = ["DispatcherState", "DatasetInfo", "WorkerInfo", "JobInfo", "IterationInfo", "TaskInfo", "ClientInfo",
-           "SaveInfo", "IterationState", "StateUpdateError"]
+__all__ = ["DispatcherState", "DatasetInfo", "WorkerInfo", "JobInfo", "JobKey", "IterationInfo", "TaskInfo",
+           "ClientInfo", "SaveInfo", "IterationState", "StateUpdateError"]
 
 
 class StateUpdateError(ValueError):
@@ -55,6 +55,22 @@ class WorkerInfo:
     host_id: str = ""
 
 
+class JobKey(NamedTuple):
+    """What a named job answers to: its name scoped by the dataset id its readers named, as in tf.data
+    service. ``dataset_name`` is the chosen id they named ("" for the numeric id ``dataset_id``), so two
+    names of one pipeline under one job_name are two jobs.
+
+    Example::
+
+        >>> JobKey("train", 1733400000000000, "imagenet-v3") == JobKey("train", 1733400000000000)
+        False
+    """
+
+    job_name: str
+    dataset_id: int
+    dataset_name: str = ""
+
+
 @dataclasses.dataclass
 class JobInfo:
     job_id: int
@@ -66,6 +82,12 @@ class JobInfo:
     num_consumers: int = 0
     cross_trainer_cache: bool = False
     target_workers: str = "AUTO"
+    #: The chosen dataset id its readers named ("": the numeric id); part of its key.
+    dataset_name: str = ""
+
+    @property
+    def key(self) -> JobKey:
+        return JobKey(self.name, self.dataset_id, self.dataset_name)
 
 
 class IterationState(enum.Enum):
@@ -127,6 +149,8 @@ class SaveInfo:
     committed: dict = dataclasses.field(default_factory=dict)  # group -> (attempt, num_elements, bytes)
     finished: bool = False
     error: str = ""
+    #: The starting call's DistributedSaveRequest.request_token: only its retries get this save back.
+    request_token: bytes = dataclasses.field(default=b"", repr=False)
 
 
 @dataclasses.dataclass
@@ -147,7 +171,8 @@ class DispatcherState:
         self.datasets_by_name: dict[str, int] = {}
         self.workers: dict[str, WorkerInfo] = {}
         self.jobs: dict[int, JobInfo] = {}
-        self.jobs_by_name: dict[str, int] = {}
+        #: Named jobs by (job_name, dataset id, chosen dataset id read): see JobKey.
+        self.jobs_by_key: dict[JobKey, int] = {}
         self.iterations: dict[int, IterationInfo] = {}
         self.tasks: dict[int, TaskInfo] = {}
         self.clients: dict[int, ClientInfo] = {}
@@ -248,13 +273,15 @@ class DispatcherState:
     def _apply_create_job(self, u: state_pb2.CreateJobUpdate) -> None:
         self._new(self.jobs, u.job_id, "job", "create_job")
         self._need(self.datasets, u.dataset_id, "dataset", f"create_job {u.job_id}")
-        self.jobs[u.job_id] = JobInfo(u.job_id, u.job_name, u.dataset_id, u.processing_mode,
-                                      num_consumers=u.num_consumers, cross_trainer_cache=u.cross_trainer_cache,
-                                      target_workers=u.target_workers or "AUTO")
+        if u.dataset_name and not u.job_name:
+            raise StateUpdateError(f"create_job {u.job_id}: an anonymous job has no dataset name to be keyed by")
+        job = self.jobs[u.job_id] = JobInfo(u.job_id, u.job_name, u.dataset_id, u.processing_mode,
+                                            num_consumers=u.num_consumers, cross_trainer_cache=u.cross_trainer_cache,
+                                            target_workers=u.target_workers or "AUTO", dataset_name=u.dataset_name)
         if u.job_name:
-            # A known name is re-bound: the core creates a job under a taken name only once the
+            # A known key is re-bound: the core creates a job under a taken key only once the
             # job bearing it was garbage collected.
-            self.jobs_by_name[u.job_name] = u.job_id
+            self.jobs_by_key[job.key] = u.job_id
         self._saw_id(u.job_id)
 
     def _apply_create_iteration(self, u: state_pb2.CreateIterationUpdate) -> None:
@@ -390,8 +417,8 @@ class DispatcherState:
             self._drop_tasks(iteration)
             del self.iterations[iteration.iteration_id]
         del self.jobs[u.job_id]
-        if job.name and self.jobs_by_name.get(job.name) == u.job_id:
-            del self.jobs_by_name[job.name]
+        if job.name and self.jobs_by_key.get(job.key) == u.job_id:
+            del self.jobs_by_key[job.key]
         self.jobs_pruned += 1
 
     def _apply_prune_worker(self, u: state_pb2.PruneWorkerUpdate) -> None:
@@ -408,7 +435,7 @@ class DispatcherState:
         if not u.path or u.num_groups <= 0:
             raise StateUpdateError(f"{what}: needs a path and num_groups > 0, got {u.path!r}, {u.num_groups}")
         self.saves[u.save_id] = SaveInfo(u.save_id, u.dataset_id, u.path, u.num_groups, u.compression,
-                                         u.element_spec)
+                                         u.element_spec, request_token=u.request_token)
         self.saves_by_path[u.path] = u.save_id
         self._saw_id(u.save_id)
 
@@ -508,15 +535,16 @@ class DispatcherState:
             out.append(U(register_worker=state_pb2.RegisterWorkerUpdate(worker_address=w.address, worker_uid=w.uid,
                                                                         data_address=w.data_address,
                                                                         worker_tags=w.tags, host_id=w.host_id)))
-        # A name re-bound to a new job (its old job was garbage collected) names two jobs, and
-        # the last create_job applied wins jobs_by_name: the bound job goes after the others.
-        for j in sorted(self.jobs.values(), key=lambda j: (self.jobs_by_name.get(j.name) == j.job_id, j.job_id)):
+        # A key re-bound to a new job (its old job was garbage collected) keys two jobs, and
+        # the last create_job applied wins jobs_by_key: the bound job goes after the others.
+        for j in sorted(self.jobs.values(), key=lambda j: (self.jobs_by_key.get(j.key) == j.job_id, j.job_id)):
             out.append(U(create_job=state_pb2.CreateJobUpdate(job_id=j.job_id, job_name=j.name,
                                                               dataset_id=j.dataset_id,
                                                               processing_mode=j.processing_mode,
                                                               num_consumers=j.num_consumers,
                                                               cross_trainer_cache=j.cross_trainer_cache,
-                                                              target_workers=j.target_workers)))
+                                                              target_workers=j.target_workers,
+                                                              dataset_name=j.dataset_name)))
         for it in self.iterations.values():
             out.append(U(create_iteration=state_pb2.CreateIterationUpdate(
                 iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition, read_key=it.read_key,
@@ -537,7 +565,7 @@ class DispatcherState:
         for save in self.saves.values():
             out.append(U(create_save=state_pb2.CreateSaveUpdate(
                 save_id=save.save_id, dataset_id=save.dataset_id, path=save.path, num_groups=save.num_groups,
-                compression=save.compression, element_spec=save.element_spec)))
+                compression=save.compression, element_spec=save.element_spec, request_token=save.request_token)))
             for group, (attempt, n, nbytes) in save.committed.items():
                 out.append(U(commit_save_chunk=state_pb2.CommitSaveChunkUpdate(
                     save_id=save.save_id, group=group, attempt=attempt, num_elements=n, bytes=nbytes)))

@@ -127,17 +127,27 @@ COLOCATED_TAG = "COLOCATED"
 #: dispatcher on every heartbeat (``worker_tags_problem``), since tags travel in every task definition.
 MAX_WORKER_TAGS = 32
 MAX_WORKER_TAG_CHARS = 64
+# tf.data takes any string as a tag. Refused here only what cannot travel as written: a comma (it separates
+# tags in --worker-tags and in `dataservice status`), whitespace around a tag (--worker-tags drops the spaces
+# around commas), and line breaks or other unprintable characters (they would break log lines and tables).
 WORKER_TAG_RULE = (f"at most {MAX_WORKER_TAGS} tags, each a non-empty string of at most {MAX_WORKER_TAG_CHARS} "
-                   f"printable characters without commas or whitespace (say, 'COLOCATED' or 'zone-a')")
+                   f"printable characters, without commas and without whitespace at either end; spaces inside a tag "
+                   f"are fine (say, 'COLOCATED', 'zone-a' or 'Unused tag 1')")
 
 
 def worker_tags_problem(tags: Sequence) -> Optional[str]:
-    """What is wrong with ``tags`` (a sequence) as a worker's tags (``WORKER_TAG_RULE``), or None if nothing."""
+    """What is wrong with ``tags`` (a sequence) as a worker's tags (``WORKER_TAG_RULE``), or None if nothing.
+
+    Example::
+
+        >>> worker_tags_problem(["COLOCATED", "Unused tag 1"]) is None, worker_tags_problem(["a,b"])
+        (True, "the tag 'a,b'")
+    """
     if len(tags) > MAX_WORKER_TAGS:
         return f"{len(tags)} tags, more than {MAX_WORKER_TAGS}"
     for tag in tags:
         if not isinstance(tag, str) or not tag or len(tag) > MAX_WORKER_TAG_CHARS \
-                or any(c == "," or c.isspace() for c in tag) or not tag.isprintable():
+                or "," in tag or tag != tag.strip() or not tag.isprintable():
             shown = repr(tag) if not isinstance(tag, str) or len(tag) <= 80 else f"{tag[:60]!r}..."
             return f"the tag {shown}"
     return None

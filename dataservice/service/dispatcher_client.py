@@ -11,7 +11,16 @@ An address that answers, but not as a dispatcher, raises
 - UNAVAILABLE from something that accepts connections: gRPC says the same of a
   dispatcher not up yet, so ``endpoint_probe`` connects once and looks at what comes
   back (a worker's data-transfer port, HTTP/1, TLS, ...). Nobody listening, or a gRPC
-  server, keeps the retries: clients may start before the cluster.
+  server, keeps the retries: clients may start before the cluster. Something that accepts
+  connections and closes them at once, for ``CLOSED_VERDICT_S``, is given up on with
+  ``ServiceUnavailableError`` saying so: a dispatcher does that only for a moment while it stops.
+
+Nothing waits in silence: once calls have failed to reach the dispatcher for
+``UNREACHABLE_NOTICE_AFTER_S``, the client says so (the address, the cause, and
+``dataservice status --dispatcher ADDRESS`` to check it), then again every
+``UNREACHABLE_NOTICE_INTERVAL_S`` while they keep failing: a warning on the
+``dataservice.client`` logger, or whatever ``on_unreachable`` does (a worker logs its own
+wording). The ``ServiceUnavailableError`` at ``timeout_ms`` says how long it tried, and why.
 
 TLS (``tls``: a client's ``dataservice.service.tls.TlsSettings``): a failed handshake is not
 retried either. gRPC reports it as UNAVAILABLE, with the TLS error in its details (a server
@@ -27,10 +36,14 @@ Example::
     >>> dataset_id = client.register_dataset(blob, num_splits=8)
     >>> DispatcherClient("localhost:5051").get_status()       # a worker's port
     WrongEndpointError: localhost:5051 is a dataservice worker, not the dispatcher: pass the dispatcher's ...
+    >>> DispatcherClient("localhost:5059", timeout_ms=5000).get_status()   # nothing listens there
+    WARNING dataservice.client: cannot reach the dispatcher at localhost:5059 for 1.1 s: connection refused ...
+    ServiceUnavailableError: GetStatus to dispatcher localhost:5059: unreachable, tried for 5.0 s: connection ...
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -43,12 +56,15 @@ from dataservice import errors
 from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
 from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service.auth import NONCE_KEY, ClusterAuth, check_proof, new_nonce
-from dataservice.service.endpoint_probe import EndpointKind, Probe, probe_endpoint
-from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel
+from dataservice.service.endpoint_probe import PROBE_TIMEOUT_S, EndpointKind, Probe, probe_endpoint
+from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_channel, transport_cause
 from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, probe_tls
 from dataservice.service.config import MAX_DATASET_DEF_LIMIT_BYTES
 
-__all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE"]
+__all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE", "UNREACHABLE_NOTICE_AFTER_S",
+           "UNREACHABLE_NOTICE_INTERVAL_S", "CLOSED_VERDICT_S", "status_hint"]
+
+log = logging.getLogger("dataservice.client")
 
 #: The names our servers report SERVING in their health service (``rpc.create_server``).
 DISPATCHER_SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"].full_name
@@ -60,12 +76,43 @@ _HEALTH_TIMEOUT_S = 2.0
 #: The least time between two probes of an address where nobody listened: a dispatcher not
 #: up yet may be refused for a minute, and each probe costs a connection (and a DNS lookup).
 _REPROBE_INTERVAL_S = 1.0
+#: How long calls fail to reach the dispatcher before the client says so: a dispatcher that
+#: restarts, or starts just after its clients, is back within this; a wrong address never is.
+UNREACHABLE_NOTICE_AFTER_S = 1.0
+#: How often it is said again while the calls keep failing (a worker retries without end).
+UNREACHABLE_NOTICE_INTERVAL_S = 30.0
+#: How long an address may accept connections and close them at once before the client gives
+#: up on it: a dispatcher closes them only while it stops, for well under this.
+CLOSED_VERDICT_S = 5.0
+
+
+def status_hint(address: str) -> str:
+    """The command that checks a dispatcher address, for messages that suggest it.
+
+    Example::
+
+        >>> status_hint("localhost:5050")
+        'dataservice status --dispatcher localhost:5050'
+    """
+    return f"dataservice status --dispatcher {address}"
 
 
 class DispatcherClient:
+    """The dispatcher's RPCs, each retried up to ``timeout_ms`` (see the module docstring).
+
+    ``on_unreachable(cause, seconds)`` is told that calls have failed to reach the dispatcher for
+    ``seconds`` and why ("connection refused (nothing listens on that port)"); it is called once
+    they have for ``UNREACHABLE_NOTICE_AFTER_S``, then at most every ``UNREACHABLE_NOTICE_INTERVAL_S``
+    until a call succeeds. Without it, the client logs a warning on ``dataservice.client``. Calls
+    given a ``timeout_s`` of their own do not count: they are best-effort, or their caller says
+    itself what failed.
+    """
+
     def __init__(self, address: str, timeout_ms: int = 60_000, should_stop: Optional[Callable[[], bool]] = None,
-                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None):
+                 auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None,
+                 on_unreachable: Optional[Callable[[str, float], None]] = None):
         self.address = channel_address(address, "dispatcher")
+        self._timeout_ms = timeout_ms
         self._timeout_s = timeout_ms / 1000
         self._should_stop = should_stop
         self._auth = auth
@@ -81,6 +128,16 @@ class DispatcherClient:
         #: Said in the ServiceUnavailableError after the retries, when the address accepted
         #: connections but never answered (not proof enough to stop retrying early).
         self._silent_note = ""
+        #: Since when probes found the address accepting connections and closing them at once (None: not).
+        self._closing_since: Optional[float] = None
+        #: Why the last probe could not connect ("" if it could).
+        self._probed_reason = ""
+        self._on_unreachable = on_unreachable or self._warn_unreachable
+        self._notice_lock = threading.Lock()
+        #: Since when calls have failed to reach the dispatcher (None: the last one succeeded), and
+        #: when that was last said (None: not yet).
+        self._failing_since: Optional[float] = None
+        self._noticed_at: Optional[float] = None
 
     @classmethod
     def from_environment(cls, address: str, timeout_ms: int = 60_000) -> "DispatcherClient":
@@ -111,18 +168,29 @@ class DispatcherClient:
             check_proof(self._auth, nonce, rpc.initial_metadata(), what)
             return response
 
+        # A call given its own timeout is quiet: a best-effort one (release_iteration_client), or a command's
+        # that prints its own error (`dataservice status`); only the client's timeout_ms is waited on unawares.
+        noticed = timeout_s is None
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         try:
-            return call_with_retry(call, what,
-                                   self._timeout_s if timeout_s is None else timeout_s, self._should_stop,
-                                   diagnose=lambda exc: self._diagnose(exc, name))
+            response = call_with_retry(call, what, timeout_s, self._should_stop,
+                                       diagnose=lambda exc: self._diagnose(exc, name, deadline, noticed))
         except errors.ServiceUnavailableError as exc:
-            if self._silent_note:
-                raise errors.ServiceUnavailableError(f"{exc} ({self._silent_note})") from exc
-            raise
+            if not str(exc).startswith(what):  # a verdict of _probe's, which says it all
+                raise
+            note = f" ({self._silent_note})" if self._silent_note else ""
+            # Chained from the GrpcFailure, not from exc: a traceback then says it once. The warning
+            # suggested `dataservice status`; that command itself raises this error too, so it does not.
+            raise errors.ServiceUnavailableError(
+                f"{exc}{note}; gave up at timeout_ms={round(timeout_s * 1000)}") from exc.__cause__
         except ValueError:
             if self._closed:  # grpc raises a bare ValueError for a channel closed under the call
                 raise errors.ServiceUnavailableError(f"{what}: the client was closed") from None
             raise
+        if self._failing_since is not None:
+            self._reached()
+        return response
 
     def register_dataset(self, dataset_def: bytes, num_splits: int, dataset_name: str = "") -> int:
         """The pipeline's numeric id; ``dataset_name`` (a dataset id the user chose; "" none) is bound to it,
@@ -148,12 +216,15 @@ class DispatcherClient:
                           proven=True).dataset_def
 
     def get_or_create_job(self, dataset_id: int, processing_mode: int, job_name: str, num_consumers: int = 0,
-                          cross_trainer_cache: bool = False, target_workers: str = "AUTO") -> int:
-        """The job's id; the keyword arguments are its read options (``ReadOptions.job_fields``)."""
+                          cross_trainer_cache: bool = False, target_workers: str = "AUTO",
+                          dataset_name: str = "") -> int:
+        """The job's id; ``num_consumers``, ``cross_trainer_cache`` and ``target_workers`` are its read options
+        (``ReadOptions.job_fields``). ``dataset_name``: the chosen id the reader named ("" the numeric id), which
+        scopes ``job_name``."""
         return self._call("GetOrCreateJob", dispatcher_pb2.GetOrCreateJobRequest(
             dataset_id=dataset_id, processing_mode=processing_mode, job_name=job_name or "",
             num_consumers=num_consumers, cross_trainer_cache=cross_trainer_cache,
-            target_workers=target_workers)).job_id
+            target_workers=target_workers, dataset_name=dataset_name)).job_id
 
     def get_or_create_iteration(self, job_id: int, repetition: int, consumer_index: Optional[int] = None
                                 ) -> dispatcher_pb2.GetOrCreateIterationResponse:
@@ -191,8 +262,10 @@ class DispatcherClient:
 
     def distributed_save(self, dataset_id: int, path: str, compression: str, element_spec: bytes) -> int:
         """Starts a distributed_save; the save's id."""
+        # One token per call, repeated by its retries: a retry after a lost answer gets its save back.
         return self._call("DistributedSave", dispatcher_pb2.DistributedSaveRequest(
-            dataset_id=dataset_id, path=path, compression=compression, element_spec=element_spec)).save_id
+            dataset_id=dataset_id, path=path, compression=compression, element_spec=element_spec,
+            request_token=secrets.token_bytes(16))).save_id
 
     def lease_save_group(self, save_id: int, worker_address: str) -> dispatcher_pb2.LeaseSaveGroupResponse:
         return self._call("LeaseSaveGroup", dispatcher_pb2.LeaseSaveGroupRequest(save_id=save_id,
@@ -206,18 +279,54 @@ class DispatcherClient:
         return self._call("GetSaveStatus", dispatcher_pb2.GetSaveStatusRequest(path=path), timeout_s=timeout_s)
 
     # --- telling a wrong endpoint from a dispatcher that is not up yet -------------------
-    def _diagnose(self, exc: grpc.RpcError, method: str) -> Optional[errors.ServiceError]:
-        """The error to raise instead of retrying or translating ``exc``, if the address is not a dispatcher."""
+    def _diagnose(self, exc: grpc.RpcError, method: str, deadline: float, noticed: bool = True
+                  ) -> Optional[errors.ServiceError]:
+        """The error to raise instead of retrying or translating ``exc``, if the address is not a dispatcher.
+        A probe of the address takes no more than a third of what is left until ``deadline``. ``noticed``:
+        the failure counts towards telling ``on_unreachable``."""
         code = exc.code()
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return self._identify_grpc_server(method)
         if code in RETRYABLE_CODES:
+            cause = transport_cause(exc.details() or "")
+            if noticed:
+                # gRPC's wording of the cause varies across versions; our last probe's does not.
+                self._failed(cause or self._probed_reason or " ".join((exc.details() or code.name).split()))
             if self._tls is not None:
                 tls_error = self._tls_failure(exc)
                 if tls_error is not None:
                     return tls_error
-            return self._probe()
+            if cause == "the host name does not resolve":
+                return None  # nobody to probe; and a second lookup may be as slow as gRPC's was
+            return self._probe(min(PROBE_TIMEOUT_S, (deadline - time.monotonic()) / 3))
         return None
+
+    # --- saying that the dispatcher cannot be reached ------------------------------------------
+    def _failed(self, cause: str) -> None:
+        """Counts a call that did not reach the dispatcher; tells ``on_unreachable`` when it is due."""
+        now = time.monotonic()
+        with self._notice_lock:
+            if self._failing_since is None:
+                self._failing_since = now
+            seconds = now - self._failing_since
+            due = seconds >= UNREACHABLE_NOTICE_AFTER_S if self._noticed_at is None \
+                else now - self._noticed_at >= UNREACHABLE_NOTICE_INTERVAL_S
+            if not due:
+                return
+            self._noticed_at = now
+        if self._silent_note:
+            cause = f"{cause}; {self._silent_note}"
+        self._on_unreachable(cause, seconds)
+
+    def _reached(self) -> None:
+        with self._notice_lock:
+            self._failing_since = self._noticed_at = None
+            self._closing_since = None
+
+    def _warn_unreachable(self, cause: str, seconds: float) -> None:
+        log.warning("cannot reach the dispatcher at %s for %.1f s: %s. Is a dispatcher running at that address? "
+                    "Check with: %s. Still trying, until timeout_ms=%d", self.address, seconds, cause,
+                    status_hint(self.address), self._timeout_ms)
 
     def _tls_failure(self, exc: grpc.RpcError) -> Optional[errors.ServiceError]:
         """The error for a TLS handshake that failed, from gRPC's details or, for a server that just
@@ -258,21 +367,44 @@ class DispatcherClient:
         return errors.WrongEndpointError(f"{self.address} is a gRPC server but not a dataservice dispatcher: "
                                          f"{_HINT}")
 
-    def _probe(self) -> Optional[errors.WrongEndpointError]:
+    def _probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> Optional[errors.ServiceError]:
         with self._probe_lock:
-            if self._speaks_grpc or time.monotonic() - self._last_probe < _REPROBE_INTERVAL_S:
+            if self._speaks_grpc or time.monotonic() - self._last_probe < _REPROBE_INTERVAL_S or timeout_s < 0.05:
                 return None
-            probe = probe_endpoint(self.address)
+            probe = probe_endpoint(self.address, timeout_s)
             # A plaintext probe of a TLS server finds TLS: what this client expects.
             wrong = None if self._tls is not None and probe.kind is EndpointKind.TLS \
-                else _wrong_endpoint(self.address, probe)
+                else _wrong_endpoint(self.address, probe) or self._closed_verdict(probe)
             # A wrong endpoint is not remembered: the next call probes again, so an address that
             # becomes the dispatcher (its port handed over) works without a new client.
             self._last_probe = time.monotonic() if wrong is None else -float("inf")
             self._speaks_grpc = probe.kind is EndpointKind.GRPC
-            self._silent_note = (f"something at {self.address} accepts connections but never answers as a gRPC "
-                                 f"server" if probe.kind is EndpointKind.SILENT else "")
+            self._silent_note = _SILENT_NOTES.get(probe.kind, "").format(address=self.address)
+            self._probed_reason = probe.reason
             return wrong
+
+    def _closed_verdict(self, probe: Probe) -> Optional[errors.ServiceUnavailableError]:
+        """The error once the address has accepted connections and closed them at once for CLOSED_VERDICT_S."""
+        if probe.kind is not EndpointKind.CLOSED:
+            self._closing_since = None
+            return None
+        now = time.monotonic()
+        if self._closing_since is None:
+            self._closing_since = now
+        if now - self._closing_since < CLOSED_VERDICT_S:
+            return None
+        return errors.ServiceUnavailableError(
+            f"cannot talk to the dispatcher at {self.address}: something there accepts connections and closes "
+            f"them at once without a word, and has done so for {CLOSED_VERDICT_S:g} s: not a dataservice "
+            f"dispatcher, which answers in gRPC (and closes connections only for a moment while it stops). "
+            f"If {self.address} is a proxy or load balancer, nothing behind it answers; else {_HINT}")
+
+
+#: Said in the ServiceUnavailableError after the retries, by what the last probe found.
+_SILENT_NOTES = {
+    EndpointKind.SILENT: "something at {address} accepts connections but never answers as a gRPC server",
+    EndpointKind.CLOSED: "something at {address} accepts connections and closes them at once without a word",
+}
 
 
 def _wrong_endpoint(address: str, probe: Probe) -> Optional[errors.WrongEndpointError]:

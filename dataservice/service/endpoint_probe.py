@@ -7,23 +7,27 @@ TCP connection tells the cases apart in a few milliseconds: it sends the HTTP/2
 client preface and an empty SETTINGS frame, as gRPC does, and looks at the
 first bytes that come back.
 
-- nobody listens (refused, unresolvable, unroutable): ``UNREACHABLE``, perhaps not up yet;
+- nobody listens (refused, unresolvable, unroutable): ``UNREACHABLE``, perhaps not up yet, with
+  ``reason`` saying which ("connection refused", "the host name does not resolve", ...);
 - an HTTP/2 SETTINGS frame: ``GRPC``, a gRPC server that failed for another reason;
 - ``DATA_TRANSFER_GREETING``: ``DATA_TRANSFER``, a dataservice worker's data-transfer
   port (its server says so when it sees the preface);
 - a TLS record, or (a server that closes on plaintext without a byte, as gRPC's TLS servers do)
   a TLS handshake that succeeds on a second connection: ``TLS``;
 - any other bytes: ``NOT_GRPC``, with the first line in ``answer``;
-- the connection accepted, then closed or left silent without a byte: ``SILENT``. That is
-  not proof: a gRPC server closes connections while it stops, and the kernel accepts
-  them for a process that is paused, so callers keep retrying on it.
+- the connection accepted, then closed without a byte: ``CLOSED``. Once is no proof (a gRPC
+  server closes connections while it stops), but a dispatcher does it only for a moment: an
+  address that keeps doing it is something else (a proxy with nothing behind it, another
+  service), and ``DispatcherClient`` gives up on it after ``dispatcher_client.CLOSED_VERDICT_S``;
+- the connection accepted, then left silent: ``SILENT``. That is not proof either: the kernel
+  accepts connections for a process that is paused, so callers keep retrying on it.
 
 Example::
 
     >>> probe_endpoint("localhost:8000")
     Probe(kind=<EndpointKind.NOT_GRPC: 'not gRPC'>, answer="'HTTP/1.1 400 Bad Request'")
-    >>> probe_endpoint("localhost:1").kind
-    <EndpointKind.UNREACHABLE: 'unreachable'>
+    >>> probe_endpoint("localhost:1")
+    Probe(kind=<EndpointKind.UNREACHABLE: 'unreachable'>, answer='', reason='connection refused')
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class EndpointKind(enum.Enum):
     DATA_TRANSFER = "data-transfer port"
     TLS = "TLS"
     NOT_GRPC = "not gRPC"
+    CLOSED = "closed"
     SILENT = "silent"
 
 
@@ -75,6 +80,8 @@ class Probe:
     kind: EndpointKind
     #: For NOT_GRPC, what the peer sent, to follow "it answered": its HTTP status line quoted, say.
     answer: str = ""
+    #: For UNREACHABLE, why the connection failed, in plain words ("connection refused").
+    reason: str = ""
 
 
 def _is_settings_frame(data: bytes) -> bool:
@@ -113,7 +120,8 @@ def _summary(data: bytes) -> str:
     return repr(data[:24])  # binary: its first bytes, escaped
 
 
-def _read_answer(sock: socket.socket, deadline: float) -> bytes:
+def _read_answer(sock: socket.socket, deadline: float) -> tuple[bytes, bool]:
+    """What the peer sent by ``deadline``, and whether it closed the connection (or reset it)."""
     data = b""
     while len(data) < _MAX_ANSWER_BYTES and not _complete(data):
         remaining = deadline - time.monotonic()
@@ -122,12 +130,25 @@ def _read_answer(sock: socket.socket, deadline: float) -> bytes:
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(_MAX_ANSWER_BYTES - len(data))
-        except OSError:  # timeout or reset: what arrived before still counts
+        except socket.timeout:  # what arrived before still counts
             break
+        except OSError:  # reset: closed, too
+            return data, True
         if not chunk:
-            break
+            return data, True
         data += chunk
-    return data
+    return data, False
+
+
+def _unreachable_reason(exc: OSError, timeout_s: float) -> str:
+    """Why ``socket.create_connection`` failed, as a user would put it."""
+    if isinstance(exc, socket.gaierror):
+        return f"the host name does not resolve ({exc.strerror or exc})"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.timeout):
+        return f"no answer to a connection attempt within {timeout_s:g} s"
+    return (exc.strerror or str(exc) or type(exc).__name__).lower()
 
 
 def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
@@ -147,23 +168,25 @@ def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
 def probe_endpoint(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
     """Connects to ``address`` (``host:port`` or ``grpc://host:port``) once and says what answers there.
 
-    Takes at most about ``2 * timeout_s`` (connecting, then waiting for the first bytes), plus
-    the time to resolve the host name.
+    Takes at most about ``3 * timeout_s`` (connecting, waiting for the first bytes, and for a peer
+    that closed without a word one TLS handshake), plus the time to resolve the host name.
     """
     host, port = parse_address(address)
     host = host.strip("[]")  # an IPv6 literal's brackets belong to the address syntax, not the host
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError:  # refused, unresolvable, unroutable, or no answer to the SYN
-        return Probe(EndpointKind.UNREACHABLE)
+    except OSError as exc:  # refused, unresolvable, unroutable, or no answer to the SYN
+        return Probe(EndpointKind.UNREACHABLE, reason=_unreachable_reason(exc, timeout_s))
     with sock:
         try:
             sock.sendall(GRPC_CLIENT_OPENING)
         except OSError:
             pass  # it may have spoken and closed first: read what it said
-        data = _read_answer(sock, time.monotonic() + timeout_s)
+        data, closed = _read_answer(sock, time.monotonic() + timeout_s)
     if not data:
-        return Probe(EndpointKind.TLS if _speaks_tls(host, port, timeout_s) else EndpointKind.SILENT)
+        if _speaks_tls(host, port, timeout_s):
+            return Probe(EndpointKind.TLS)
+        return Probe(EndpointKind.CLOSED if closed else EndpointKind.SILENT)
     if _is_settings_frame(data):
         return Probe(EndpointKind.GRPC)
     if data.startswith(DATA_TRANSFER_GREETING.rstrip(b"\n")):

@@ -23,7 +23,7 @@ Example::
     $ dataservice health localhost:5050 --service dispatcher
     grpc://localhost:5050: SERVING (dataservice.Dispatcher)
     $ dataservice health localhost:1 --timeout-ms 500
-    dataservice health: error: nothing listens at localhost:1 (connection refused or no such host)
+    dataservice health: error: nothing listens at localhost:1 (connection refused)
     $ echo $?
     1
 """
@@ -124,7 +124,9 @@ def _unreachable(address: str, exc: grpc.RpcError, tls: Optional[TlsSettings]) -
         if why is not None:
             return f"the TLS handshake with {address} failed: {why}"
     if probe.kind is EndpointKind.UNREACHABLE:
-        return f"nothing listens at {address} (connection refused or no such host)"
+        return f"nothing listens at {address} ({probe.reason})"
+    if probe.kind is EndpointKind.CLOSED:
+        return f"{address} accepts connections and closes them at once without a word: not a dataservice server"
     if probe.kind is EndpointKind.DATA_TRANSFER:
         return f"{address} is a worker's data-transfer port: pass its gRPC port (the worker's --port)"
     if probe.kind is EndpointKind.NOT_GRPC:

@@ -39,6 +39,9 @@ from typing import Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dataservice.service.config import bind_address
+from dataservice.service.listening import bind_error
+
 __all__ = ["HttpStatusServer", "MAX_CONNECTIONS", "status_page"]
 
 log = logging.getLogger("dataservice.http")
@@ -165,7 +168,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class HttpStatusServer:
     """Serves ``registry`` at ``/metrics`` and ``status()`` at ``/status.json`` and ``/``; see the module
-    docstring. ``start`` binds (OSError naming the address if it cannot) and serves on a daemon thread."""
+    docstring. ``start`` binds (``errors.ServiceUnavailableError`` saying why it cannot: ``listening.bind_error``)
+    and serves on a daemon thread."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, status: Callable[[], dict],
                  what: str = "the server"):
@@ -191,8 +195,7 @@ class HttpStatusServer:
             family, address = _listen_family(self.host, self._port)
             server = _Server((address, self._port), family, self)
         except OSError as exc:
-            raise OSError(exc.errno, f"{self._what} cannot serve HTTP on {self.host}:{self._port}: "
-                                     f"{exc.strerror or exc}") from exc
+            raise bind_error(bind_address(self.host, self._port), f"{self._what}'s HTTP port") from exc
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="dataservice-http", daemon=True)

@@ -38,11 +38,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataservice import errors
 from dataservice.service.auth import AuthInterceptor, ClusterAuth, credential_metadata
+from dataservice.service.listening import bind_error
 from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 
 __all__ = ["create_server", "add_service", "make_channel", "translate", "abort_with", "call_with_retry",
-           "MAX_MESSAGE_BYTES", "CHUNK_BYTES", "RETRYABLE_CODES"]
+           "GrpcFailure", "transport_cause", "MAX_MESSAGE_BYTES", "CHUNK_BYTES", "RETRYABLE_CODES"]
 
 #: Largest gRPC message either side accepts. Elements larger than a message
 #: travel in several chunks, so this never caps an element's size.
@@ -79,11 +80,10 @@ def create_server(address: str, services: Sequence[str] = (), max_workers: int =
     try:
         port = server.add_secure_port(address, tls.server_credentials()) if tls is not None \
             else server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc's way of saying the bind failed
-        raise errors.ServiceUnavailableError(f"cannot bind {address}: the port is in use or the address is invalid") \
-            from exc
-    if port == 0:
-        raise errors.ServiceUnavailableError(f"cannot bind {address}: the port is in use or the address is invalid")
+    except RuntimeError as exc:  # grpc's way of saying the bind failed, without saying why
+        raise bind_error(address, f"{what}'s gRPC port") from exc
+    if port == 0:  # older grpc's way of saying the same
+        raise bind_error(address, f"{what}'s gRPC port")
     servicer = health.HealthServicer()
     for name in ("", *services):
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -261,13 +261,73 @@ def abort_with(context: grpc.ServicerContext, exc: Exception) -> None:
     context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
-def translate(exc: grpc.RpcError, what: str) -> errors.DataServiceError:
-    """Our exception for a failed RPC; ``what`` says which call to whom."""
+class GrpcFailure(grpc.RpcError):
+    """A failed call's status code and details in one line: what our errors are chained from.
+
+    gRPC's own exception prints as a multi-line dump (status, details, debug_error_string) under
+    the frames of gRPC's internals, which would sit in every traceback of ours; this keeps what
+    a reader of the traceback needs, and ``original`` keeps gRPC's exception for debugging.
+
+    Example::
+
+        >>> raise errors.ServiceUnavailableError("...") from GrpcFailure(exc)
+        dataservice.service.rpc.GrpcFailure: UNAVAILABLE: failed to connect to all addresses; ...
+    """
+
+    def __init__(self, exc: grpc.RpcError):
+        self.original = exc
+        self._code = exc.code() if hasattr(exc, "code") else None
+        self._details = exc.details() if hasattr(exc, "details") else str(exc)
+        name = self._code.name if self._code is not None else type(exc).__name__
+        super().__init__(f"{name}: {' '.join(str(self._details).split())}")
+
+    def code(self) -> Optional[grpc.StatusCode]:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+#: What gRPC's details say for the failures of connecting, as a user would put it. gRPC's wording
+#: differs between versions and resolvers (c-ares, the system's), hence several phrasings each.
+_TRANSPORT_CAUSES = (
+    (("connection refused",), "connection refused (nothing listens on that port)"),
+    (("errors resolving", "dns resolution failed", "domain name not found", "name or service not known",
+      "hostname lookup", "nodename nor servname", "could not resolve"), "the host name does not resolve"),
+    (("socket closed", "connection reset", "end of tcp stream", "broken pipe"),
+     "the connection was closed by the other side before any answer"),
+    (("timed out",), "the connection attempt timed out"),
+    (("no route to host", "network is unreachable", "host is unreachable"), "no route to that host"),
+)
+
+
+def transport_cause(details: str) -> Optional[str]:
+    """Why a call did not reach a server, in plain words, from gRPC's ``details`` of an UNAVAILABLE
+    failure; None if they do not say (a server that answered UNAVAILABLE itself, say).
+
+    Example::
+
+        >>> transport_cause("failed to connect to all addresses; last error: ... Connection refused")
+        'connection refused (nothing listens on that port)'
+    """
+    lowered = (details or "").lower()
+    for phrases, cause in _TRANSPORT_CAUSES:
+        if any(phrase in lowered for phrase in phrases):
+            return cause
+    return None
+
+
+def translate(exc: grpc.RpcError, what: str, tried_s: Optional[float] = None) -> errors.DataServiceError:
+    """Our exception for a failed RPC; ``what`` says which call to whom. ``tried_s``: how long the call
+    was retried, said in the message of an unreachable server."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     kind = _FROM_CODE.get(code, errors.ServiceError)
     if kind is errors.ServiceUnavailableError:
-        return kind(f"{what}: unreachable ({details})")
+        tried = f", tried for {tried_s:.1f} s" if tried_s is not None else ""
+        cause = transport_cause(details)
+        # gRPC's own words stay in the GrpcFailure the error is chained from.
+        return kind(f"{what}: unreachable{tried}: {cause}" if cause else f"{what}: unreachable{tried} ({details})")
     return kind(f"{what}: {details}")
 
 
@@ -278,11 +338,20 @@ def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
     jittered backoff for up to ``timeout_s`` in all.
 
     Other failures are translated and raised at once; the last UNAVAILABLE is
-    raised as ServiceUnavailableError when the time is up. ``diagnose`` sees every
-    failure first: an exception it returns (say, "that address is not a dispatcher")
-    is raised instead, chained from the gRPC error, and nothing is retried.
+    raised as ServiceUnavailableError when the time is up, saying how long it was tried.
+    The last try is made at the deadline and no sleep runs past it, so the call gives up
+    ``timeout_s`` after it started (plus that last try's 50 ms at most, and ``diagnose``'s
+    time), neither early nor late. ``diagnose`` sees every failure first: an exception it
+    returns (say, "that address is not a dispatcher") is raised instead, and nothing is
+    retried. Raised errors are chained from a ``GrpcFailure``, never gRPC's own exception.
+
+    Example::
+
+        >>> call_with_retry(lambda remaining: stub.GetStatus(request, timeout=remaining),
+        ...                 "GetStatus to dispatcher localhost:5050", timeout_s=60)
     """
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     backoff = 0.05
     while True:
         try:
@@ -291,13 +360,14 @@ def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
             stopping = should_stop is not None and should_stop()
             diagnosis = diagnose(exc) if diagnose is not None and not stopping else None
             if diagnosis is not None:
-                raise diagnosis from exc
-            if exc.code() not in RETRYABLE_CODES or time.monotonic() + backoff > deadline or stopping:
-                raise translate(exc, what) from exc
+                raise diagnosis from GrpcFailure(exc)
+            retryable = exc.code() in RETRYABLE_CODES
+            if not retryable or stopping or time.monotonic() >= deadline:
+                raise translate(exc, what, time.monotonic() - start if retryable else None) from GrpcFailure(exc)
             last = exc
-        time.sleep(backoff * (0.5 + random.random()))
+        time.sleep(min(backoff * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
         backoff = min(backoff * 2, 1.0)
         if should_stop is not None and should_stop():
             # The owner stopped while we slept and may have closed the channel: calling
             # again would raise a bare ValueError ("closed channel") instead of our error.
-            raise translate(last, what) from last
+            raise translate(last, what, time.monotonic() - start) from GrpcFailure(last)

@@ -42,12 +42,14 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import struct
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from dataservice.errors import ElementSerializationError
+
 __all__ = ["encode_elements", "decode_elements", "decode_frame", "split_frame", "buffer_sizes", "iter_chunks",
-           "EncodedFrame", "WireFormatError", "OUT_OF_BAND_BYTES", "FIXED_PREFIX_BYTES"]
+           "EncodedFrame", "WireFormatError", "OUT_OF_BAND_BYTES", "FIXED_PREFIX_BYTES", "unencodable_error"]
 
 MAGIC = b"DSW2"
 _HEADER = struct.Struct("<4sIBI")
@@ -192,11 +194,69 @@ def encode_elements(elements: Sequence) -> EncodedFrame:
                             [], [])
     encoder = _Encoder()
     for element in elements:
-        encoder.encode(element)
+        try:
+            encoder.encode(element)
+        except Exception as exc:
+            raise _unencodable(element, exc) from exc
     if encoder.size % 8:  # so that the buffers after the prefix are 8-byte aligned in a whole frame
         encoder.add(_ZEROS[:-encoder.size % 8])
     table = _table(count, _GENERAL, encoder.sizes)
     return EncodedFrame([table] + encoder.body, len(table) + encoder.size, encoder.arrays, encoder.sizes)
+
+
+def _find_unencodable(value: Any, path: str) -> Optional[tuple[str, Any, BaseException]]:
+    """The first component of ``value`` that the encoder refuses, as (its path, it, the encoder's exception);
+    None if each encodes. Walked only once encoding failed, so the encoder itself keeps no path."""
+    kind = type(value)
+    if kind is tuple or kind is list or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        fields = getattr(value, "_fields", None)
+        for i, item in enumerate(value):
+            found = _find_unencodable(item, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
+            if found is not None:
+                return found
+        if kind is tuple:
+            return None
+    elif kind is dict:
+        for key, item in value.items():
+            found = _find_unencodable(key, f"{path}[{key!r}] (as a key)") or _find_unencodable(item, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    try:
+        _Encoder().encode(value)  # a leaf, a list (pickled whole), a namedtuple (its type is pickled)
+    except Exception as exc:
+        return path, value, exc
+    return None
+
+
+def _unencodable(element: Any, exc: Exception) -> ElementSerializationError:
+    found = _find_unencodable(element, "")
+    path, component, reason = found if found is not None else ("", element, exc)
+    return unencodable_error(path, _type_name(type(component)), f"{type(reason).__name__}: {reason}")
+
+
+def _type_name(kind: type) -> str:
+    module = kind.__module__
+    return kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
+
+
+def unencodable_error(path: str, component_type: str, reason: str, where: str = "") -> ElementSerializationError:
+    """The error for an element whose component at ``path`` (``""``: the element itself) has no wire form;
+    ``where``: the transformation that produced the element, when known (the worker's task runner knows it).
+
+    Example::
+
+        >>> str(unencodable_error("['lock']", "_thread.lock", "TypeError: cannot pickle '_thread.lock' object",
+        ...                       where="Dataset.map(make_record)"))
+        "Dataset.map(make_record) produced an element that cannot be serialized: its component ['lock'] is a \
+_thread.lock (TypeError: cannot pickle '_thread.lock' object). Elements are serialized as ..."
+    """
+    made = f"{where} produced an element that cannot" if where else "an element cannot"
+    part = f"its component {path}" if path else "it"
+    return ElementSerializationError(
+        f"{made} be serialized: {part} is a {component_type} ({reason}). Elements are serialized as numpy "
+        f"arrays and scalars, str, bytes, and tuples, dicts and namedtuples of them; anything else must be "
+        f"picklable", path=path, component_type=component_type, reason=reason, where=where)
 
 
 def iter_chunks(parts: Sequence[Buffer], chunk_bytes: int) -> Iterator[bytes]:

@@ -111,7 +111,9 @@ from dataservice.service.cross_memory import address_of
 from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQUEST_BYTES, PROOF_BYTES,
                                                REQUEST_HEADER, RESPONSE_HEADER, TOO_MANY_CONNECTIONS,
                                                UNAUTHENTICATED)
+from dataservice.service.config import bind_address
 from dataservice.service.endpoint_probe import DATA_TRANSFER_GREETING
+from dataservice.service.listening import bind_error
 from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 from dataservice.worker.responses import Prepared, ReadKeyError, TaskSource, UnknownTaskError, prepare
@@ -447,10 +449,13 @@ class DataServer:
             host = "127.0.0.1"  # one listener; clients resolving "localhost" fall back to it
         # Room in the kernel's queue for a burst of readers connecting at once (the kernel caps it at somaxconn).
         backlog = min(max(self._max_connections, 128), 4096)
-        self._listener = socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=True,
-                                              backlog=backlog) \
-            if socket.has_dualstack_ipv6() and host in ("", "::") else socket.create_server((host, port),
-                                                                                           backlog=backlog)
+        try:
+            self._listener = socket.create_server((host, port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                                  backlog=backlog) \
+                if socket.has_dualstack_ipv6() and host in ("", "::") else socket.create_server((host, port),
+                                                                                               backlog=backlog)
+        except OSError as exc:
+            raise bind_error(bind_address(host, port), "the worker's data-transfer port") from exc
         self._listener.setblocking(False)
         self._listener_fd = self._listener.fileno()
         self.port = self._listener.getsockname()[1]

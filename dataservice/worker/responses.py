@@ -136,6 +136,7 @@ def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepa
     try:
         frame = encode_elements(elements)
     except Exception as exc:  # an element with no wire form: report it like a user error
+        exc = runner.unencodable(exc)
         log.warning("task %d: cannot encode an element: %s", request.task_id, exc)
         return Prepared(failure_header(exc, worker.address), None)
     header = worker_pb2.ElementChunk(

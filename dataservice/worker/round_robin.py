@@ -16,6 +16,13 @@ consumer that lags makes the others wait instead of the worker buffering without
 for a round that is over (freed, or one this consumer already took) raises ``RoundOver`` with the
 first round worth asking for instead.
 
+A stream that ends (a pipeline of unknown cardinality that did end) ends the task's rounds: the whole
+rounds filled before are still served, each consumer its element; the first round the stream cannot
+fill (fewer than n elements left) is dropped for every consumer, and from it on every request answers
+end of input (or the pipeline's error). The task counts as finished (``TaskRunner.finished``, which the
+worker reports to the dispatcher) only once every consumer took its element of every whole round
+(``drained``): a consumer that starts late still finds them here.
+
 The worker makes a task's ``Rounds`` with the task (``runner.rounds``); ``responses.take`` reads
 through it. Example::
 
@@ -78,6 +85,17 @@ class Rounds:
         self._ended = False       # the task's stream ended (or failed) before filling a round
         self._error: Optional[BaseException] = None
         self._closed = False
+
+    @property
+    def drained(self) -> bool:
+        """No consumer is owed anything here: no whole round holds an element its consumer has not taken
+        (a round that ended short holds nothing: see ``_fill``), and no element is on its way from the task
+        into a round. With the task's stream ended, the task is then finished (``TaskRunner.finished``): until
+        then the dispatcher must not finish the iteration, which would end the read of a consumer that has
+        not fetched its elements yet (and, once nobody reads it, delete the task with them)."""
+        with self._cond:
+            return not self._filling and not any(
+                len(rnd.elements) == self._n and not all(rnd.taken) for rnd in self._rounds.values())
 
     @property
     def held_bytes(self) -> int:
@@ -150,8 +168,12 @@ class Rounds:
             target.sizes.extend(sizes)
             self._account.charge(sum(sizes))  # in memory already: no waiting for the budget
         if ended and (target is None or len(target.elements) < self._n):
-            # Too few for a whole round: the rest would go to some consumers and not others.
+            # Too few for a whole round: the rest would go to some consumers and not others. Dropped for
+            # every consumer (their bytes go back), who all get the end (or the error) at this round.
             self._ended, self._error = True, error
+            if target is not None:
+                self._account.release(min(sum(target.sizes), self._account.used_bytes))
+                target.elements, target.sizes = [], []
 
     def _drop(self, rnd: _Round, consumer: int) -> None:
         """The consumer's element of ``rnd`` leaves the round (taken, or given up): its bytes go back."""

@@ -32,12 +32,15 @@ from dataservice.data.serialization import deserialize_dataset
 from dataservice.data import static_sharding
 from dataservice.proto import dispatcher_pb2
 from dataservice.service.config import WorkerConfig
-from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service import dispatcher_client
+from dataservice.service.addresses import channel_address
+from dataservice.service.dispatcher_client import DispatcherClient, status_hint
 from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.auth import ClusterAuth, warn_if_exposed
 from dataservice.service.config import bind_address
 from dataservice.service.host_identity import host_id
 from dataservice.service.http_status import HttpStatusServer
+from dataservice.service.listening import log_listening, note_loopback_only
 from dataservice.service.rpc import create_server
 from dataservice.worker.data_server import DataServer
 from dataservice.worker import local_workers
@@ -98,6 +101,8 @@ class WorkerServer:
         self._cond = threading.Condition()
         self._stopped = threading.Event()
         self._registered = threading.Event()
+        #: Whether the dispatcher was said to be unreachable since the last heartbeat it answered.
+        self._unreachable_said = False
         self._dispatcher_incarnation = ""
         #: The host readers compare theirs with (target_workers): the config's, else this process's.
         self._host_id = config.host_id or host_id()
@@ -191,11 +196,15 @@ class WorkerServer:
         self.data_address = ""
         if self._config.data_transfer_protocol == "tcp":
             config = self._config
-            self._data_server = DataServer(self, host=config.host, port=config.data_transfer_port,
-                                           auth=self._auth, tls=server_tls,
-                                           idle_timeout_s=config.data_idle_timeout_ms / 1000,
-                                           request_timeout_s=config.data_request_timeout_ms / 1000,
-                                           max_connections=config.data_max_connections)
+            try:
+                self._data_server = DataServer(self, host=config.host, port=config.data_transfer_port,
+                                               auth=self._auth, tls=server_tls,
+                                               idle_timeout_s=config.data_idle_timeout_ms / 1000,
+                                               request_timeout_s=config.data_request_timeout_ms / 1000,
+                                               max_connections=config.data_max_connections)
+            except BaseException:  # its port taken, say: free the gRPC and HTTP ports bound above
+                self.stop(grace_s=0)
+                raise
             self._data_server.start()
             host = self.address.rsplit(":", 1)[0]
             self.data_address = f"{host}:{self._data_server.port}"
@@ -203,15 +212,17 @@ class WorkerServer:
         self._dispatcher = DispatcherClient(self._config.dispatcher_address, auth=self._auth,
                                             tls=None if tls is None else tls.as_client(),
                                             timeout_ms=self._config.dispatcher_timeout_ms,
-                                            should_stop=self._stopped.is_set)
+                                            should_stop=self._stopped.is_set,
+                                            on_unreachable=self._dispatcher_unreachable)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="dataservice-worker-heartbeat",
                                                   daemon=True)
         self._heartbeat_thread.start()
         local_workers.register(self)  # readers in this process read it without RPC from now on
         stop_at_exit(self.stop, Stage.WORKERS)
         warn_if_exposed(self._config, "worker", port)
-        log.info("worker listening on port %d as %s; dispatcher %s", port, self.address,
-                 self._config.dispatcher_address)
+        log_listening(log, "worker listening on port %d as %s; dispatcher %s", port, self.address,
+                      self._config.dispatcher_address)
+        note_loopback_only(log, "worker", self._config.host, bind_address(self._config.host, port))
         self._registered.wait(FIRST_HEARTBEAT_WAIT_S)
 
     # --- tasks --------------------------------------------------------------------
@@ -374,10 +385,21 @@ class WorkerServer:
         return dispatcher_pb2.WorkerLoadReport(interval_us=int(interval * 1e6), busy_us=int(busy * 1e6),
                                                blocked_us=int(blocked * 1e6), running_tasks=running)
 
+    def _dispatcher_unreachable(self, cause: str, seconds: float) -> None:
+        """Told by the DispatcherClient, at a bounded rate, while calls do not reach the dispatcher."""
+        self._unreachable_said = True
+        address = channel_address(self._config.dispatcher_address, "dispatcher")
+        log.warning("worker %s cannot reach its dispatcher at %s for %.1f s: %s. Is the dispatcher running, and is "
+                    "--dispatcher its address? Check with: %s. Still trying (said again every %.0f s until it "
+                    "answers)", self.address, address, seconds, cause, status_hint(address),
+                    dispatcher_client.UNREACHABLE_NOTICE_INTERVAL_S)
+
     def _heartbeat_loop(self) -> None:
         wait_ms = 0  # the first heartbeat registers at once
         backoff = 0.1
         last_failure = ""
+        registered = False
+        self._unreachable_said = False
         while not self._stopped.is_set():
             try:
                 sent = time.monotonic()
@@ -385,17 +407,23 @@ class WorkerServer:
             except errors.DataServiceError as exc:
                 if self._stopped.is_set():
                     return
-                # Said once while it stays the same (say, --dispatcher names a worker): retries go on quietly.
+                # An unreachable dispatcher is said by _dispatcher_unreachable, at a bounded rate. Anything
+                # else is said once while it stays the same (say, --dispatcher names a worker).
                 message = f"{type(exc).__name__}: {exc}"
-                if message != last_failure:
+                if message != last_failure and not isinstance(exc, errors.ServiceUnavailableError):
                     log.warning("heartbeat to dispatcher %s failed: %s", self._config.dispatcher_address, exc)
                     last_failure = message
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            if last_failure:
+            if not registered:
+                registered = True
+                log.info("worker %s registered with the dispatcher at %s", self.address,
+                         self._config.dispatcher_address)
+            elif last_failure or self._unreachable_said:
                 log.info("dispatcher %s reached again", self._config.dispatcher_address)
-                last_failure = ""
+            last_failure = ""
+            self._unreachable_said = False
             backoff = 0.1
             self._registered.set()
             if response.dispatcher_incarnation != self._dispatcher_incarnation:

@@ -39,6 +39,7 @@ from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
 from dataservice.service.intervals import OffsetSet
 from dataservice.service.remote_errors import failure_header, format_failure
+from dataservice.service.wire import unencodable_error
 from dataservice.worker.memory_budget import BudgetAccount, MemoryBudget
 
 __all__ = ["TaskRunner", "approximate_size", "add_entry", "entries_of", "SPLIT_END"]
@@ -164,9 +165,13 @@ class TaskRunner:
 
     @property
     def finished(self) -> bool:
-        """The pipeline has ended (or failed) and every element was taken; False until it started."""
+        """The pipeline has ended (or failed) and every element was taken; False until it started. Under
+        coordinated reads, taken by its consumer: the rounds must be drained too (``round_robin.Rounds.drained``,
+        asked second: a round fills from the buffer, so an empty buffer first and then nothing in the rounds
+        leaves no element in between)."""
         with self._cond:
-            return self._produced_all and not self._buffer
+            done = self._produced_all and not self._buffer
+        return done and (self.rounds is None or self.rounds.drained)
 
     @property
     def buffered_bytes(self) -> int:
@@ -198,6 +203,24 @@ class TaskRunner:
             self._thread.start()
             log.info("started task %d (iteration %d, dataset %d)", self.task_id, self.task_def.iteration_id,
                      self.task_def.dataset_id)
+
+    def unencodable(self, exc: BaseException) -> BaseException:
+        """What to report for ``exc``, raised encoding this task's elements for a reader: an element with no
+        wire form (``errors.ElementSerializationError``) is named after the transformation that produced it
+        (``Dataset.map(make_record)``), as a user function's error is; anything else is ``exc`` itself.
+
+        Example::
+
+            >>> runner.unencodable(exc).where       # the error that failure_header sends to the reader
+            'Dataset.map(make_record)'
+        """
+        if not isinstance(exc, errors.ElementSerializationError) or not isinstance(self._dataset, Dataset):
+            return exc
+        where = self._dataset._producer()._describe()
+        error = unencodable_error(exc.path, exc.component_type, exc.reason, where=where)
+        # Not raised, so it has no traceback: the reader is told what and where, not our encoder's frames.
+        error._dataservice_where = where  # failure_header's "raised in ..." (remote_errors)
+        return error
 
     def load_counters(self) -> tuple[float, float]:
         """``(running_s, blocked_s)`` of the producer so far: how long it has run (0 before it started),

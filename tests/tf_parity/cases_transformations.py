@@ -148,9 +148,11 @@ CASES = [
     Case("take_more_than_all", "ds = D.range(3).take(10)"),
     Case("take_zero", "ds = D.range(3).take(0)"),
     Case("take_minus_one", "ds = D.range(4).take(-1)"),
-    # tf.data's cardinality of take(n < -1) is min(input's, n): a negative number that is no count. Compared
-    # here: the elements (all of them) and take(-1)'s cardinality.
+    # Any negative count takes every element. The cardinality is take_dataset_op.cc's: min(input's, n), n over
+    # an infinite input (a negative number that is no count), unknown over an unknown one.
     Case("take_negative_elements", "result = list(D.range(5).take(-3).as_numpy_iterator())"),
+    Case("take_negative", "ds = D.range(10).take(-5)"),
+    Case("take_negative_infinite", "ds = D.range(3).repeat().take(-7)", max_elements=8),
     Case("take_negative_unknown", "ds = D.range(5).filter(lambda x: True).take(-7)"),
     Case("take_infinite", "ds = D.range(3).repeat().take(7)"),
     Case("skip_some", "ds = D.range(10).skip(4)"),
