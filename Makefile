@@ -54,7 +54,8 @@ $(LATEST)/.installed:
 test-latest:
 	rm -rf $(LATEST)
 	$(MAKE) $(LATEST)/.installed
-	$(LATEST)/bin/python -m pip freeze --all --exclude-editable | diff $(LOCK) - | grep '^[<>] [^#]' || true
+	@echo "Releases that differ from $(LOCK) (< locked, > newest):"
+	@$(LATEST)/bin/python -m pip freeze --all --exclude-editable | diff $(LOCK) - | grep '^[<>] [^#]' || echo "  none"
 	$(LATEST)/bin/python -m pytest -q
 
 ## lock: write requirements/lock.txt from .venv-latest (`make test-latest && make lock` locks what passed)

@@ -488,7 +488,8 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         processes.close()
         # Readers end their threads once the read ends or fails: one left running, or an exception in
         # one, is reported here, in the test that caused it, rather than in a later one.
-        assert wait_for_client_threads() == []
+        leftover = wait_for_client_threads()
+        assert leftover == [], f"reader threads still running after the test: {leftover}"
         for proc in processes.procs:  # shown by pytest when the test failed
             print(f"===== {' '.join(proc.args[1:])} (exit {proc.popen.returncode})\n"
                   f"stdout: {''.join(proc.lines[-10:])}\nstderr (tail): {proc.stderr[-3000:]}")

@@ -93,6 +93,7 @@ def test_a_lagging_consumer_makes_the_others_wait():
         ds0 = dataset.apply(distribute("parallel_epochs", cluster.target, job_name="lag", consumer_index=0,
                                        num_consumers=2, timeout_ms=20_000))
         it0 = iter(ds0)
+        it1 = None
         stop = threading.Event()
 
         def fast():
@@ -114,6 +115,9 @@ def test_a_lagging_consumer_makes_the_others_wait():
             assert not thread.is_alive() and len(got) == 100
         finally:
             stop.set()
+            for it in (it0, it1):  # infinite reads: stopped here, while the dispatcher still answers
+                if it is not None:
+                    it.close()
     assert [int(x) for _, x in got] == list(range(0, 200, 2))
     assert [int(x) for _, x in other] == list(range(1, 200, 2))
 

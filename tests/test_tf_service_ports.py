@@ -12,6 +12,7 @@ import io
 import itertools
 import os
 import threading
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -30,17 +31,27 @@ from dataservice.service.config import DispatcherConfig
 from dataservice.service.dispatcher_client import DispatcherClient
 from tests.cluster import TestCluster, run_with_deadline, wait_until
 from tests.journals import comparable
+from tests.processes import wait_for_client_threads
 
 DEADLINE_S = 60
 
 
+def head(dataset: Dataset, n: Optional[int] = None) -> list:
+    """The first ``n`` elements (all of them: None), read within the deadline. The iterator is closed then,
+    even when reading raised, so that its readers stop now, not when the garbage collector finds them."""
+    def take() -> list:
+        it = iter(dataset)
+        try:
+            return list(itertools.islice(it, n))
+        finally:
+            it.close()
+
+    return run_with_deadline(take, DEADLINE_S)
+
+
 def values(dataset: Dataset) -> list[int]:
     """Every element of ``dataset`` as ints, read within the deadline."""
-    return run_with_deadline(lambda: [int(x) for x in dataset], DEADLINE_S)
-
-
-def head(dataset: Dataset, n: int) -> list:
-    return run_with_deadline(lambda: list(itertools.islice(iter(dataset), n)), DEADLINE_S)
+    return [int(x) for x in head(dataset)]
 
 
 def jobs_named(cluster: TestCluster, job_name: str) -> dict:
@@ -183,6 +194,8 @@ def test_a_job_name_reused_with_another_mode_is_our_error_even_inside_a_zip():
         message = str(info.value)
         assert "job name 'job_name' is already used by a job reading dataset" in message
         assert "in distributed_epoch; this request reads it in parallel_epochs" in message
+        # Closing the iterator stopped the zip's other reader, though the traceback holds its generator.
+        assert wait_for_client_threads() == []
 
 
 def test_the_scoped_jobs_survive_a_fault_tolerant_restart(tmp_path):

@@ -417,7 +417,11 @@ class _DataServiceDataset(Dataset):
                                   timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth,
                                   tls=self._tls, started_at=started, read_options=options)
             recorder.add(reader)
-            yield from reader
+            forget = ctx.on_close(reader.close)
+            try:
+                yield from reader
+            finally:
+                forget()
         finally:
             if reader is not None:
                 reader.close()

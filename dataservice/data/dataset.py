@@ -48,13 +48,29 @@ class IteratorContext:
     _pool: Optional[ThreadPoolExecutor] = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     _children: list = dataclasses.field(default_factory=list)
+    #: What stops the pipeline's open readers of the service: run by an explicit ``close()``. A reader
+    #: stops itself when its node's generator ends; but a generator an exception's traceback still refers
+    #: to (say, one side of a zip whose other side raised) would end only when the traceback goes.
+    _closers: set = dataclasses.field(default_factory=set)
 
     def without_splits(self) -> "IteratorContext":
         """A context for datasets built inside user functions (flat_map, interleave)."""
         child = IteratorContext(options=self.options, split_provider=None)
         child._pool = self.thread_pool()
         child._lock = self._lock
+        child._closers = self._closers  # closing the pipeline's iterator stops their readers too
         return child
+
+    def on_close(self, close: Callable[[], None]) -> Callable[[], None]:
+        """Runs ``close`` when the pipeline's iterator is closed, unless the returned function (call it once
+        ``close`` ran anyway) forgets it first."""
+        with self._lock:
+            self._closers.add(close)
+        return lambda: self._forget(close)
+
+    def _forget(self, close: Callable[[], None]) -> None:
+        with self._lock:
+            self._closers.discard(close)
 
     def thread_pool(self) -> ThreadPoolExecutor:
         """The pipeline's shared pool for user functions, made on first use."""
@@ -65,10 +81,16 @@ class IteratorContext:
                 self._children.append(self._pool)
             return self._pool
 
-    def close(self) -> None:
+    def close(self, stop_readers: bool = True) -> None:
+        """Shuts the pipeline's thread pools down and (``stop_readers``) stops its open readers."""
         for pool in self._children:
             pool.shutdown(wait=False, cancel_futures=True)
         self._children.clear()
+        if stop_readers:
+            with self._lock:
+                closers, self._closers = list(self._closers), set()
+            for close in closers:
+                close()
 
 
 def _function_name(fn: Callable) -> str:
@@ -615,7 +637,9 @@ class _ClosingIterator:
 
     def __del__(self) -> None:
         try:
-            self._ctx.close()
+            # Not the readers: their generators, collected with this iterator, stop them (and a reader's close
+            # talks to the dispatcher, which a collection at interpreter exit must not wait on).
+            self._ctx.close(stop_readers=False)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 
