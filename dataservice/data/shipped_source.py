@@ -28,7 +28,7 @@ from __future__ import annotations
 import linecache
 import threading
 import types
-from typing import Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping
 
 __all__ = ["reduce_code", "sources_of", "register_sources", "MAX_SOURCE_FILE_BYTES"]
 
@@ -50,7 +50,7 @@ def _code_at(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename)
 
 
-def reduce_code(code: types.CodeType) -> Union[tuple, "NotImplemented.__class__"]:
+def reduce_code(code: types.CodeType) -> Any:
     """A pickle reduction of ``code`` that keeps its file name; for a ``reducer_override``.
 
     The code object inside carries a placeholder name, and comes back here: then NotImplemented
