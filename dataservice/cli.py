@@ -73,7 +73,7 @@ from dataservice.service.addresses import channel_address, target
 from dataservice.service.auth import ClusterAuth, read_token_file
 from dataservice.service.config import DispatcherConfig, WorkerConfig, check_worker_tags, default_memory_budget_bytes
 from dataservice.service.dispatcher_client import DispatcherClient
-from dataservice.service.listening import LISTENING_RECORD
+from dataservice.service.listening import LISTENING_RECORD, tls_note
 from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
 from dataservice.service.processing_modes import mode_name
 from dataservice.service.worker_list import check_worker_addresses
@@ -532,13 +532,6 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
             logging.getLogger(name).removeFilter(_drop_listening)
 
 
-def _tls_note(tls: Optional[TlsSettings]) -> str:
-    """What a listening line says of a server's TLS: nothing without it."""
-    if tls is None:
-        return ""
-    return "TLS, client certificates required" if tls.client_ca is not None else "TLS"
-
-
 def _http_lines(servers: list) -> list[str]:
     """A line per server serving HTTP (--http-port): where its status page is (a parent that passed
     --http-port 0 reads the port from it)."""
@@ -564,7 +557,7 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         return [DispatchServer(config)]
 
     def announce(servers: list) -> str:
-        tls = _tls_note(config.tls)
+        tls = tls_note(config.tls)
         line = f"dispatcher listening on grpc://{_shown_host(args.host)}:{servers[0].port}"
         return line + (f" ({tls})" if tls else "")
 
@@ -583,7 +576,7 @@ def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     def announce(servers: list) -> str:
         worker = servers[0]
-        tls = _tls_note(config.tls if config.tls is not None and config.tls.serves else None)
+        tls = tls_note(config.tls if config.tls is not None and config.tls.serves else None)
         line = f"worker listening on {_shown_host(args.host)}:{worker.port} (dispatcher {config.dispatcher_address}" \
                f"{'; ' + tls if tls else ''})"
         if worker.address != f"{_shown_host(args.host)}:{worker.port}":

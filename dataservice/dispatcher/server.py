@@ -30,7 +30,7 @@ from dataservice.service.lifecycle import Stage, stop_at_exit
 from dataservice.service.auth import ClusterAuth, warn_if_exposed
 from dataservice.service.config import bind_address
 from dataservice.service.http_status import HttpStatusServer
-from dataservice.service.listening import log_listening, note_loopback_only
+from dataservice.service.listening import log_listening, note_loopback_only, tls_note
 from dataservice.service.rpc import create_server
 from prometheus_client import CollectorRegistry
 
@@ -122,9 +122,9 @@ class DispatchServer:
         self._gc_thread.start()
         stop_at_exit(self.stop, Stage.DISPATCHERS)
         warn_if_exposed(self._config, "dispatcher", port)
+        tls = tls_note(self._config.tls)
         log_listening(log, "dispatcher listening on %s%s", bind_address(self._config.host, port),
-                      "" if self._config.tls is None else
-                      " (TLS, client certificates required)" if self._config.tls.client_ca is not None else " (TLS)")
+                      f" ({tls})" if tls else "")
         note_loopback_only(log, "dispatcher", self._config.host, bind_address(self._config.host, port))
 
     def _open_store(self) -> JournaledStore:

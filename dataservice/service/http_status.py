@@ -195,7 +195,7 @@ class HttpStatusServer:
             family, address = _listen_family(self.host, self._port)
             server = _Server((address, self._port), family, self)
         except OSError as exc:
-            raise bind_error(bind_address(self.host, self._port), f"{self._what}'s HTTP port") from exc
+            raise bind_error(bind_address(self.host, self._port), f"{self._what}'s HTTP port", exc) from exc
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="dataservice-http", daemon=True)

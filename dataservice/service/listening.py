@@ -41,7 +41,7 @@ from typing import Any, Optional
 from dataservice import errors
 from dataservice.service.config import is_loopback
 
-__all__ = ["bind_error", "probe_bind", "log_listening", "note_loopback_only", "LISTENING_RECORD"]
+__all__ = ["bind_error", "probe_bind", "log_listening", "note_loopback_only", "tls_note", "LISTENING_RECORD"]
 
 #: The attribute a server's "listening on" log record carries (True), for the command to drop it.
 LISTENING_RECORD = "dataservice_listening"
@@ -114,6 +114,19 @@ def bind_error(address: str, role: str, error: Optional[BaseException] = None) -
     else:
         reason = _REASONS.get(error.errno, error.strerror or str(error))
     return errors.ServiceUnavailableError(f"cannot bind {address} ({role}): {reason}")
+
+
+def tls_note(tls: Any) -> str:
+    """What a listening line says of a server's TLS (a server's ``TlsSettings``, or None): "" without it.
+
+    Example::
+
+        >>> tls_note(None), tls_note(TlsSettings(cert, key, client_ca=None))
+        ('', 'TLS')
+    """
+    if tls is None:
+        return ""
+    return "TLS, client certificates required" if tls.client_ca is not None else "TLS"
 
 
 def log_listening(logger: logging.Logger, message: str, *args: Any) -> None:

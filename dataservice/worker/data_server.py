@@ -455,7 +455,7 @@ class DataServer:
                 if socket.has_dualstack_ipv6() and host in ("", "::") else socket.create_server((host, port),
                                                                                                backlog=backlog)
         except OSError as exc:
-            raise bind_error(bind_address(host, port), "the worker's data-transfer port") from exc
+            raise bind_error(bind_address(host, port), "the worker's data-transfer port", exc) from exc
         self._listener.setblocking(False)
         self._listener_fd = self._listener.fileno()
         self.port = self._listener.getsockname()[1]
