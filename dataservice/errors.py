@@ -5,6 +5,7 @@ The tree::
     DataServiceError                      base of everything below
     ├── PipelineError                     a problem with a Dataset pipeline
     │   ├── NotSplittableError (ValueError)   distributed_epoch needs splits this pipeline cannot give
+    │   ├── NotCheckpointableError (ValueError)   an iterator's position cannot be saved (from_generator)
     │   ├── PipelineSerializationError (TypeError)   cloudpickle could not serialize a pipeline
     │   ├── ElementSerializationError (TypeError)    an element has no wire form (a worker cannot send it)
     │   ├── DataLossError                 a corrupted or truncated record file
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidRequestError",
     "MissingModuleError",
     "NotFoundError",
+    "NotCheckpointableError",
     "NotSplittableError",
     "OutOfRangeError",
     "PermissionDeniedError",
@@ -80,6 +82,11 @@ class PipelineError(DataServiceError):
 
 class NotSplittableError(PipelineError, ValueError):
     """The pipeline has no source that can hand out splits (e.g. ``from_generator``)."""
+
+
+class NotCheckpointableError(PipelineError, ValueError):
+    """``state_dict()`` of an iterator whose pipeline holds a transformation that cannot save its position;
+    the message names it and says why (a Python generator's position, say, cannot be saved)."""
 
 
 class PipelineSerializationError(PipelineError, TypeError):

@@ -75,8 +75,13 @@ class DevicePrefetchIterator:
         self._device = device
         self._sharding = sharding
         self._scalar_sharding = None if sharding is None else _replicated(sharding)
+        #: (the source's state before the element was read, or None; the element on its way to the device)
         self._queue: collections.deque = collections.deque()
         self._exhausted = False
+        # The source's position is saved before each element it reads ahead, so that state_dict() can give the
+        # position of the consumer; a source that cannot save (a read from the service) is not asked again.
+        self._saves = hasattr(iterator, "state_dict")
+        self._unsaveable: Optional[Exception] = None
 
     def __iter__(self) -> "DevicePrefetchIterator":
         return self
@@ -115,18 +120,55 @@ class DevicePrefetchIterator:
     def _fill(self) -> None:
         """Pulls from the source until ``size`` elements wait beyond the one being handed out."""
         while not self._exhausted and len(self._queue) <= self._size:
+            state = self._source_state() if self._saves else None
             try:
                 element = next(self._iterator)
             except StopIteration:
                 self._exhausted = True
                 return
-            self._queue.append(self._put(element))
+            self._queue.append((state, self._put(element)))
+
+    def _source_state(self) -> Optional[dict]:
+        from dataservice.errors import NotCheckpointableError
+
+        try:
+            return self._iterator.state_dict()
+        except NotCheckpointableError as exc:
+            self._saves, self._unsaveable = False, exc
+            return None
 
     def __next__(self) -> Any:
         self._fill()
         if not self._queue:
             raise StopIteration
-        return self._queue.popleft()  # the next `size` are already on their way to the device
+        return self._queue.popleft()[1]  # the next `size` are already on their way to the device
+
+    def state_dict(self) -> dict:
+        """The position of the consumer, not of the read-ahead: the source's state before the first element
+        still on its way to the device (a ``Dataset`` iterator's ``state_dict``: a JSON-able dict). Save it
+        beside the model (orbax ``JsonSave``, or ``json.dump``).
+
+        Example::
+
+            >>> it = prefetch_to_device(pipeline, size=2)
+            >>> params = train(params, next(it))
+            >>> json.dumps(it.state_dict())
+        """
+        if self._unsaveable is not None:
+            raise self._unsaveable
+        if not hasattr(self._iterator, "state_dict"):
+            raise AttributeError(f"{type(self._iterator).__name__} has no state_dict(): only a Dataset's iterator "
+                                 f"saves its position")
+        if self._queue:
+            return self._queue[0][0]
+        return self._iterator.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Seeks the source (before the first element) to ``state``, as a ``Dataset`` iterator's
+        ``load_state_dict``."""
+        if self._queue or self._exhausted:
+            raise ValueError("load_state_dict() must come before the iterator's first element")
+        self._iterator.load_state_dict(state)
 
     def stats(self) -> Any:
         """The source iterator's ``stats()`` (zeros for a local pipeline); AttributeError for an iterator that has none

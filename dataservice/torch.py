@@ -185,10 +185,33 @@ class TensorIterator:
                                  f"reports them")
         return stats()
 
+    # torch's Stateful protocol: torch.save / torch.distributed.checkpoint take these, and torchdata's
+    # StatefulDataLoader calls them on a dataset's iterator.
+    def state_dict(self) -> dict:
+        """The pipeline iterator's position (``Dataset`` iterators' ``state_dict``: a JSON-able dict).
+
+        Example::
+
+            >>> it = iter(TorchDataset(pipeline))
+            >>> torch.save({"model": model.state_dict(), "data": it.state_dict()}, "ckpt.pt")
+        """
+        return _stateful(self._iterator).state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Seeks the pipeline iterator (before its first element) to ``state``."""
+        _stateful(self._iterator).load_state_dict(state)
+
     def close(self) -> None:
         close = getattr(self._iterator, "close", None)
         if close is not None:
             close()
+
+
+def _stateful(iterator: Iterator) -> Any:
+    if not hasattr(iterator, "state_dict"):
+        raise AttributeError(f"{type(iterator).__name__} has no state_dict(): only a Dataset's iterator saves "
+                             f"its position")
+    return iterator
 
 
 class TorchDataset(torch.utils.data.IterableDataset):

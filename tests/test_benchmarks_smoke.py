@@ -88,3 +88,37 @@ def test_recovery_prints_an_undisturbed_and_a_killed_epoch():
     end = float(hit[4])
     first_redone = end if hit[3] == "-" else float(hit[3])
     assert 0 < first_redone <= end < 30, result.stdout
+
+
+@pytest.mark.slow
+def test_iterator_state_prints_sizes_and_restore_times(tmp_path):
+    out = tmp_path / "state.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.iterator_state", "--no-tf", "--elements", "3200",
+                             "--records", "1000", "--buffer", "100", "--repeats", "1", "--dir", str(tmp_path),
+                             "--json", str(out)],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+    lines = result.stdout.splitlines()
+    assert "| pipeline | position | ours state bytes | TF checkpoint bytes | ours restore ms | TF restore ms |" \
+        in lines, result.stdout
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in lines if re.match(r"^\| P\d ", l)]
+    table = [r for r in rows if len(r) == 6]
+    # 4 positions (0, 1%, 50%, 95%) of each pipeline; P1 has 100 batches of 32.
+    assert [(r[0][:2], r[1]) for r in table] == [
+        (p, pos) for p, n in (("P1", 100), ("P2", 1000), ("P3", 3200))
+        for pos in (f"{k:,} ({k / n:.0%})" for k in (0, n // 100, n // 2, n * 95 // 100))], result.stdout
+    for r in table:
+        assert _cell_number(r[2]) > 0 and _cell_number(r[4]) > 0 and r[3] == r[5] == "-", r
+    saves = [r for r in rows if len(r) == 4]
+    assert [r[0][:2] for r in saves] == ["P1", "P2", "P3"] and all(_cell_number(r[1]) > 0 for r in saves), \
+        result.stdout
+    assert any(re.match(r"^P2, ours: restore at 95% and read the rest .* = \d+\.\d{3} \(requirement <= 0\.25: ",
+                        l) for l in lines), result.stdout
+
+    report = json.loads(out.read_text())
+    assert report["errors"] == {} and len(report["rows"]) == 12 and report["p2_rest_ratio"] > 0
+    # Without a buffering node the state stays small; the shuffle's holds its buffer of 100 elements.
+    assert all(r["ours_state_bytes"] < 4096 for r in report["rows"] if r["pipeline"] != "P3")

@@ -315,3 +315,15 @@ def test_stats_behind_later_transformations_and_on_a_local_pipeline():
     local = iter(Dataset.range(3))
     list(local)
     assert local.stats().elements == 0 and local.stats().bytes == 0
+
+
+def test_a_distributed_read_refuses_to_save_its_position_and_says_why(cluster):
+    from dataservice.errors import NotCheckpointableError
+
+    it = iter(Dataset.range(10).apply(distribute("parallel_epochs", cluster.target)).map(lambda x: x + 1))
+    try:
+        run_with_deadline(lambda: next(it), 60)
+        with pytest.raises(NotCheckpointableError, match=r"distribute\(parallel_epochs.*cannot be saved yet"):
+            it.state_dict()
+    finally:
+        it.close()

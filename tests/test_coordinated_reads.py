@@ -226,7 +226,7 @@ def test_a_worker_joining_enters_every_consumers_rotation_at_the_same_round():
 
 def _reader_of(it):
     """The CoordinatedReader behind a distributed dataset's iterator (to see what it fetched)."""
-    return it._ctx._reader_stats._live[0]
+    return it._ctx.read_stats()._live[0]
 
 
 def test_a_lost_worker_does_not_hang_the_consumers_and_they_stay_aligned():

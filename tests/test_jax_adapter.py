@@ -8,6 +8,7 @@ end to end (slow).
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
@@ -185,3 +186,29 @@ def test_example_trains_from_the_service(cluster, tmp_path):
                for e in epochs), out
     accuracy = float(re.search(r"^test accuracy ([\d.]+) \(chance: 0.333\)$", out, re.M).group(1))
     assert accuracy > 0.5, out  # it learned: 3 classes, chance is 1/3
+
+
+# --- saving the position beside the model ----------------------------------------------------------------
+
+def _batches():
+    return ds.Dataset.range(100).map(lambda x: np.full((3,), x, np.float32)).batch(4)
+
+
+@pytest.mark.parametrize("taken", [0, 1, 5, 25])
+def test_device_prefetch_saves_the_consumers_position_not_the_read_ahead(taken):
+    it = prefetch_to_device(_batches(), size=3)
+    head = [np.asarray(next(it)).tolist() for _ in range(taken)]
+    state = json.loads(json.dumps(it.state_dict()))
+    rest = [np.asarray(b).tolist() for b in it]
+    resumed = prefetch_to_device(_batches(), size=3)
+    resumed.load_state_dict(state)
+    assert [np.asarray(b).tolist() for b in resumed] == rest
+    assert len(head) + len(rest) == 25
+
+
+def test_device_prefetch_refuses_a_late_load():
+    it = prefetch_to_device(_batches(), size=2)
+    state = it.state_dict()
+    next(it)
+    with pytest.raises(ValueError, match="before the iterator's first element"):
+        it.load_state_dict(state)

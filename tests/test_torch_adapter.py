@@ -275,3 +275,17 @@ def test_example_under_torchrun_ddp_reads_one_shared_job(cluster, tmp_path):
     # The two ranks' shares add up to every example once per epoch; each rank read some.
     assert [(e[0], e[1]) for e in epochs] == [("1", "5,400"), ("2", "5,400")], out
     assert all(0 < int(e[2].replace(",", "")) < 5400 for e in epochs), out
+
+
+def test_torch_iterator_is_stateful_through_torch_save(tmp_path):
+    def make():
+        return TorchDataset(ds.Dataset.range(50).map(lambda x: (np.full((2,), x, np.float32), x)).batch(4))
+
+    it = iter(make())
+    for _ in range(3):
+        next(it)
+    torch.save({"data": it.state_dict()}, tmp_path / "ckpt.pt")
+    rest = [images.tolist() for images, _ in it]
+    resumed = iter(make())
+    resumed.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=True)["data"])
+    assert [images.tolist() for images, _ in resumed] == rest and len(rest) == 10

@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from dataservice.catalogue.splits import FileInstruction
+from dataservice.data.checkpoint import NodeIterator, close_input, field, restore_input, save_input
 from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorContext
 from dataservice.data.options import Options
 from dataservice.data.readers.tfrecord import TFRecordDataset
@@ -165,16 +166,62 @@ class _DecodedRecords(_UnaryDataset):
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         it = self._input._iterator(ctx)
         if ctx.split_provider is not None or self._count is None:
-            return it  # a subset of the files: no total to check
-        return self._counted(it)
+            return it  # a subset of the files: no total to check; its position is its input's
+        return _CountedRecords(self, it)
 
-    def _counted(self, it: Iterator) -> Iterator:
-        n = 0
-        for n, element in enumerate(it, 1):  # noqa: B007 (n counts)
+    def _counted(self, it: Iterator, count: "_Count") -> Iterator:
+        count.counter = counter = enumerate(it, count.start + 1)
+        n = count.start  # records read before this iterator's (a restored pass)
+        for n, element in counter:  # noqa: B007 (n counts)
             yield element
         if n != self._count:
             raise DataLossError(f"{self._what}: read {n} records where dataset_info.json says {self._count}; the "
                                 "shard files do not match their metadata (prepare the dataset again)")
+
+
+class _Count:
+    __slots__ = ("start", "counter")
+
+    def __init__(self) -> None:
+        self.start = 0        # records read before (restored)
+        self.counter = None   # the enumerate that counts the records since, once reading
+
+
+class _CountedRecords(NodeIterator):
+    """``_DecodedRecords`` checking its total. State: ``{"input": the input's, "records": records read}``,
+    so that a restored pass still checks its whole count. The count is an ``enumerate``'s, read from it
+    when asked: nothing more per record.
+
+    Example::
+
+        >>> it = iter(load("shapes", split="train")); next(it)
+        >>> it.state_dict()["position"]["records"]
+        1
+    """
+
+    __slots__ = ("__next__", "_node", "_input", "_count", "_elements")
+
+    def __init__(self, node: _DecodedRecords, input_iterator: Iterator):
+        self._node = node
+        self._input = input_iterator
+        self._count = _Count()
+        self._elements = node._counted(input_iterator, self._count)
+        self.__next__ = self._elements.__next__
+
+    def save(self) -> dict:
+        count = self._count
+        records = count.start if count.counter is None else count.counter.__reduce__()[1][1] - 1
+        return {"input": save_input(self._input, self._node._input), "records": records}
+
+    def restore(self, state: Any) -> None:
+        where = self._node._describe()
+        records = field(state, "records", int, where)
+        restore_input(self._input, self._node._input, field(state, "input", (dict, list, int, str, type(None)), where))
+        self._count.start = records
+
+    def close(self) -> None:
+        close_input(self._elements)
+        close_input(self._input)
 
 
 def read_file_instructions(instructions: Sequence[FileInstruction], decode: Callable[[bytes], Any],

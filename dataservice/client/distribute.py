@@ -74,19 +74,14 @@ def reader_stats(ctx: IteratorContext) -> ReaderStats:
         >>> reader_stats(it._ctx) == it.stats()
         True
     """
-    recorder = getattr(ctx, "_reader_stats", None)
-    return recorder.stats() if recorder is not None else ReaderStats()
+    return ctx.read_stats().stats()
 
 
 def _recorder(ctx: IteratorContext) -> ReaderStatsRecorder:
     """The stats recorder of the iterator ``ctx`` belongs to, made on first use. Every node of a pipeline
     iterates with its root's context, so all the readers of one iterator (each epoch of a ``repeat()``,
     both sides of a ``zip``) add up in one place."""
-    with ctx._lock:
-        recorder = getattr(ctx, "_reader_stats", None)
-        if recorder is None:
-            recorder = ctx._reader_stats = ReaderStatsRecorder()
-        return recorder
+    return ctx.read_stats()
 
 
 class DistributedIterator(_ClosingIterator):
@@ -312,6 +307,11 @@ class _DataServiceDataset(Dataset):
 
     def _reads_from_service(self) -> bool:
         return True
+
+    def _not_checkpointable_reason(self) -> str:
+        return ("the position of a read from the data service (distribute, from_dataset_id) cannot be saved yet: "
+                "the service hands out elements in an order that depends on its workers, so a restored read could "
+                "not continue it exactly; a restarted trainer starts a new read")
 
     def _element_spec(self) -> Any:
         """The spec given to from_dataset_id; else the distributed pipeline's (distribute); else the one

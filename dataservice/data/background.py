@@ -2,6 +2,13 @@
 
 The thread holds no reference to the consumer, so an abandoned consumer is
 garbage collected, its ``close()`` stops the thread, and nothing leaks.
+``InputPosition`` is the position a read-ahead consumer saves of its input (see
+``checkpoint.Rewind``): one that cannot be saved must not stop the reading;
+``PacedRewind`` records it as often as that is cheap. An input that does not read
+again alike (``transformations.common.replays``) is read under a lock instead
+(``lock=``, or ``Pump.Locked`` as its first item): a consumer that takes it
+holds the thread between two elements, to save the input's position and the
+elements buffered (``buffered()``) at one cut.
 
 Example::
 
@@ -14,9 +21,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["Pump"]
+from dataservice.data.checkpoint import Rewind, save_input
+from dataservice.errors import NotCheckpointableError
+
+__all__ = ["Pump", "InputPosition", "UNSAVED", "direct_iterator", "Pace", "PacedRewind"]
 
 
 class _Failure:
@@ -26,19 +37,47 @@ class _Failure:
         self.exc = exc
 
 
+class _Locked:
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: Any):
+        self.lock = lock
+
+
 class Pump:
-    """Runs ``iterator`` on a daemon thread, buffering up to ``capacity`` elements."""
+    """Runs ``iterator`` on a daemon thread, buffering up to ``capacity`` elements. ``rewind``, when given
+    (a ``PacedRewind`` over ``iterator``'s position), is told of the thread's reads: it records the input's
+    state on that thread when its pace says so. Its first record (before the first read) is the consumer's
+    to make, before starting the pump: a ``save()`` may come before the thread has read anything.
+
+    ``lock``, when given, is held by the thread around each element's read and enqueueing (never while it
+    waits for room): a consumer holding it sees the iterator between two elements, every element it read
+    either in the queue (``buffered()``) or taken. An iterator that learns only once it runs whether it
+    needs that (an interleave's slot: its dataset comes from the function) yields ``Pump.Locked(lock)``
+    first instead; the other items are read as without a lock, at no extra cost.
+
+    Example::
+
+        >>> lock = threading.Lock()
+        >>> pump = Pump(it, capacity=8, lock=lock)
+        >>> with lock:
+        ...     state, ahead = it.save(), pump.buffered()   # one cut: ``it``'s position and what follows it
+    """
 
     END = object()
     EMPTY = object()
+    Locked = _Locked
 
     def __init__(self, iterator: Iterator, capacity: int, on_ready: Optional[Callable[[], None]] = None,
-                 name: str = "dataservice-prefetch"):
+                 name: str = "dataservice-prefetch", rewind: Optional["PacedRewind"] = None,
+                 lock: Any = None):
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         self._stop = threading.Event()
         self._on_ready = on_ready
         self._done = False
-        self._thread = threading.Thread(target=self._run, args=(iterator,), name=name, daemon=True)
+        self._held = False  # see hold()
+        self._resumed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iterator, rewind, lock), name=name, daemon=True)
         self._thread.start()
 
     def _put(self, item: Any) -> bool:
@@ -52,11 +91,39 @@ class Pump:
             return True
         return False
 
-    def _run(self, iterator: Iterator) -> None:
+    def _run(self, iterator: Iterator, rewind: Optional["PacedRewind"], lock: Any) -> None:
         try:
-            for item in iterator:
-                if not self._put(item):
+            if lock is not None:
+                if not self._run_locked(iterator, lock):
                     return
+            elif rewind is None:
+                iterator = iter(iterator)
+                for item in iterator:  # the first item only is looked at (a Locked), not the others
+                    if type(item) is _Locked:
+                        if not self._run_locked(iterator, item.lock):
+                            return
+                        break
+                    if not self._put(item):
+                        return
+                    for item in iterator:
+                        if not self._put(item):
+                            return
+                    break
+            else:
+                # Reads counted here, the rewind called only at its records: no call per element.
+                step = iterator.__next__
+                n, record = 1, rewind.next_record
+                while True:
+                    try:
+                        item = step()
+                    except StopIteration:
+                        break
+                    if not self._put(item):
+                        return
+                    if n >= record:
+                        rewind.record(n)
+                        record = rewind.next_record
+                    n += 1
             self._put(Pump.END)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(_Failure(exc))
@@ -67,6 +134,59 @@ class Pump:
                     close()
                 except Exception:
                     pass
+
+    def _run_locked(self, iterator: Iterator, lock: Any) -> bool:
+        """Reads and enqueues each element under ``lock``; False if stopped."""
+        q, stop, on_ready, resumed = self._queue, self._stop, self._on_ready, self._resumed
+        room, items, capacity = q.not_full, q.queue, q.maxsize
+        step = iterator.__next__
+        while True:
+            # Room first, without the lock (a consumer may hold it to save): only this thread puts, so the
+            # room stays until the put below.
+            with room:
+                while len(items) >= capacity:
+                    if stop.is_set():
+                        return False
+                    room.wait(0.1)
+            lock.acquire()
+            try:
+                while self._held:  # a state was taken: nothing more is read before the consumer's next
+                    lock.release()
+                    try:
+                        resumed.wait(0.1)
+                    finally:
+                        lock.acquire()
+                    if stop.is_set():
+                        return False
+                if stop.is_set():
+                    return False
+                try:
+                    item = step()
+                except StopIteration:
+                    return True
+                q.put_nowait(item)
+            finally:
+                lock.release()
+            if on_ready is not None:
+                on_ready()
+
+    def hold(self) -> None:
+        """Called under the pump's lock, by a consumer that saved: the thread reads nothing more until
+        ``resume()``, so that a state taken again before the next element is the same."""
+        self._resumed.clear()
+        self._held = True
+
+    def resume(self) -> None:
+        """Ends a ``hold()``."""
+        self._held = False
+        self._resumed.set()
+
+    def buffered(self) -> list:
+        """The elements read and not yet taken, oldest first (not the end or an error). Exact under the
+        ``lock`` the pump reads under: a snapshot otherwise."""
+        q = self._queue
+        with q.mutex:
+            return [x for x in q.queue if x is not Pump.END and type(x) is not _Failure]
 
     def _unwrap(self, item: Any) -> Any:
         if item is Pump.END:
@@ -80,7 +200,10 @@ class Pump:
         """The next element, ``Pump.END`` at the end; re-raises the iterator's exception."""
         if self._done:
             return Pump.END
-        return self._unwrap(self._queue.get())
+        item = self._queue.get()
+        if item is Pump.END or type(item) is _Failure:
+            return self._unwrap(item)
+        return item
 
     def poll(self) -> Any:
         """Like ``get`` but returns ``Pump.EMPTY`` at once when nothing is buffered."""
@@ -98,3 +221,138 @@ class Pump:
 
     def close(self) -> None:
         self._stop.set()
+        self._resumed.set()
+
+
+#: What ``InputPosition.save`` returns for an input that cannot save its position.
+UNSAVED = object()
+
+
+class InputPosition:
+    """An input iterator's position, as a read-ahead consumer records it while it reads (give it to a
+    ``Rewind`` as its input, or call ``save()`` before reading the element that opens an interleave's
+    slot): ``save()`` returns ``save_input``'s state, or ``UNSAVED`` for an input that cannot save its own
+    (``from_generator``; or whose ``save`` failed), so that a pipeline nobody checkpoints reads on;
+    ``check(state)`` raises that input's error for a state that holds ``UNSAVED``, when the consumer is
+    asked for its position.
+
+    Example::
+
+        >>> position = InputPosition(it, node)
+        >>> rewind = Rewind(position, node)          # its records hold UNSAVED for such an input
+        >>> position.check(rewind.save()["input"])   # NotCheckpointableError naming it, if so
+    """
+
+    __slots__ = ("_input", "_node", "error")
+
+    def __init__(self, input_iterator: Iterator, node: Any):
+        self._input = input_iterator
+        self._node = node
+        self.error: Optional[Exception] = None
+
+    def save(self) -> Any:
+        if self.error is None:
+            try:
+                return save_input(self._input, self._node)
+            except Exception as exc:  # raised by check(), if a state is asked for: the reading goes on
+                self.error = exc  # once: it will not save later either
+        return UNSAVED
+
+    def check(self, state: Any) -> Any:
+        """``state``, or the input's error when it is ``UNSAVED``."""
+        if state is UNSAVED:
+            if isinstance(self.error, NotCheckpointableError):
+                raise NotCheckpointableError(str(self.error))
+            raise self.error
+        return state
+
+
+def direct_iterator(it: Iterator) -> Iterator:
+    """The iterator that ``it.__next__`` advances: ``it`` itself, or, for a node's iterator that binds a
+    generator's ``__next__`` (``checkpoint.Follows``, ``ChunkIterator``), that generator. A C loop over it
+    (``zip``, ``enumerate``, ``yield from``) then skips the look-up of ``__next__`` on the node iterator's
+    class, some 5-10 ns an element. Take it after ``restore()``.
+
+    Example::
+
+        >>> source = iter(Dataset.range(3))._it
+        >>> list(direct_iterator(source))
+        [0, 1, 2]
+    """
+    step = getattr(it, "__next__", None)
+    owner = getattr(step, "__self__", None)
+    if owner is not None and owner is not it and getattr(owner, "__next__", None) == step and iter(owner) is owner:
+        return owner
+    return it
+
+
+class Pace:
+    """When a reader records its input's state (a ``Rewind``'s marks, an interleave's slot openings): at
+    read ``next``, then every ``interval`` reads, the interval growing so that recording costs at most
+    ``BUDGET`` of the time the reads take. A position is cheap to save (a few hundred ns), but the state of
+    a buffering node upstream (a shuffle's buffer, encoded) may cost milliseconds: recorded every 64
+    reads, it would cost more than the reading; paced, it costs 2%, and a restore replays at most
+    ``interval`` reads, whose time is at most 1/BUDGET times one record's.
+
+    Example::
+
+        >>> pace = Pace(64)
+        >>> if n >= pace.next: start = perf_counter(); record(); pace.recorded(n, start, perf_counter())
+    """
+
+    BUDGET = 0.02
+    #: However costly a record, a restore replays at most this many reads.
+    MAXIMUM = 1 << 20
+
+    __slots__ = ("next", "interval", "_minimum", "_since", "_at")
+
+    def __init__(self, minimum: int):
+        self._minimum = self.interval = max(1, minimum)
+        self.next = 0
+        self._since = 0.0  # when the last record ended
+        self._at = 0       # at which read
+
+    def recorded(self, n: int, start: float, end: float) -> None:
+        """A record was made before read ``n``, from ``start`` to ``end`` (``time.perf_counter``)."""
+        if n > self._at:
+            per_read = (start - self._since) / (n - self._at)
+            wanted = (end - start) / (self.BUDGET * per_read) if per_read > 0 else self.MAXIMUM
+            self.interval = min(self.MAXIMUM, max(self._minimum, int(wanted)))
+        self._since, self._at = end, n
+        self.next = n + self.interval
+
+
+class PacedRewind(Rewind):
+    """A ``Rewind`` whose records are paced by what they cost (``Pace``): every ``every`` reads while the
+    input's state is cheap to save, less often when it is not. A reader that counts its reads itself calls
+    ``record(n)`` when ``n`` reaches ``next_record`` instead of ``read()`` before each.
+
+    Example::
+
+        >>> rewind = PacedRewind(InputPosition(it, node), node, every=64)
+    """
+
+    __slots__ = ("_pace",)
+
+    def __init__(self, input_iterator: Iterator, node: Any, every: int = 64, base: Optional[tuple] = None):
+        super().__init__(input_iterator, node, every=1, base=base)  # Rewind.read records: the pace says when
+        self._pace = Pace(every)
+
+    @property
+    def next_record(self) -> int:
+        """The read before which the next record is due (reads counted from 0)."""
+        return self._pace.next
+
+    def read(self) -> None:
+        n = self._read
+        if n < self._pace.next:
+            self._read = n + 1
+            return
+        self.record(n)
+
+    def record(self, n: int) -> None:
+        """Records the input's state before read ``n`` (the reads before it done)."""
+        start = perf_counter()
+        self._read = n
+        Rewind.read(self)
+        self._pace.recorded(n, start, perf_counter())

@@ -19,10 +19,12 @@ import dataclasses
 import math
 import operator
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from dataservice.data.options import AUTOTUNE, Options, default_parallelism
+from dataservice.data.read_stats import ReaderStatsRecorder
 
 __all__ = ["Dataset", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "IteratorContext", "SplitGroups"]
 
@@ -52,6 +54,13 @@ class IteratorContext:
     #: stops itself when its node's generator ends; but a generator an exception's traceback still refers
     #: to (say, one side of a zip whose other side raised) would end only when the traceback goes.
     _closers: set = dataclasses.field(default_factory=set)
+    #: What the pipeline's reads of the service saw (``read_stats``), made on first use.
+    _read_stats: Optional[ReaderStatsRecorder] = None
+    #: Set (``rewound``) for the input of a node that restores by reading its input again from a recorded
+    #: state (prefetch, a parallel map, unbatch, window, a memory cache): that input must give the same
+    #: elements again. ``unrewindable`` is then why it might not (an interleave of nondeterministic datasets).
+    rewinding: bool = False
+    unrewindable: Optional[str] = None
 
     def without_splits(self) -> "IteratorContext":
         """A context for datasets built inside user functions (flat_map, interleave)."""
@@ -59,7 +68,28 @@ class IteratorContext:
         child._pool = self.thread_pool()
         child._lock = self._lock
         child._closers = self._closers  # closing the pipeline's iterator stops their readers too
+        child._read_stats = self.read_stats()  # and their stats add up in the pipeline's iterator
+        child.rewinding = self.rewinding  # a dataset made inside a function is read again alike, or not
         return child
+
+    def rewound(self) -> "IteratorContext":
+        """This context for the input of a node that rewinds it (see ``rewinding``): a copy of its own, so
+        that what the input's nodes find (``unrewindable``) stays with that node.
+
+        Example::
+
+            >>> input_iterator = node._input._iterator(ctx.rewound())
+        """
+        self.read_stats()  # made now, so that the copy records its reads of the service where this one does
+        return dataclasses.replace(self, rewinding=True, unrewindable=None)
+
+    def read_stats(self) -> ReaderStatsRecorder:
+        """The recorder every distributed read of this pipeline's iterator reports to (each epoch of a
+        ``repeat()``, both sides of a ``zip``): ``iter(dataset).stats()`` reads it."""
+        with self._lock:
+            if self._read_stats is None:
+                self._read_stats = ReaderStatsRecorder()
+            return self._read_stats
 
     def on_close(self, close: Callable[[], None]) -> Callable[[], None]:
         """Runs ``close`` when the pipeline's iterator is closed, unless the returned function (call it once
@@ -528,7 +558,7 @@ class Dataset:
             >>> [b.tolist() for b in Dataset.range(5).window(2, 1, drop_remainder=True).flat_map(lambda w: w.batch(2))]
             [[0, 1], [1, 2], [2, 3], [3, 4]]
         """
-        from dataservice.data import windows
+        from dataservice.data.transformations import windowing as windows
 
         return windows.WindowDataset(self, size, shift, stride, drop_remainder)
 
@@ -546,7 +576,7 @@ class Dataset:
             >>> [b.tolist() for b in ds]
             [[0, 2, 4], [1, 3, 5], [6, 8], [7, 9]]
         """
-        from dataservice.data import windows
+        from dataservice.data.transformations import windowing as windows
 
         return windows.GroupByWindowDataset(self, key_func, reduce_func, window_size, window_size_func)
 
@@ -560,22 +590,27 @@ class Dataset:
 
 
 class _ClosingIterator:
-    """The iterator a pipeline hands out; frees the pipeline's threads when done."""
+    """The iterator a pipeline hands out; frees the pipeline's threads when done, and saves and restores
+    its position (``state_dict``, ``load_state_dict``: see ``dataservice.data.checkpoint``)."""
 
-    __slots__ = ("_it", "_ctx", "__next__", "_dataset")
+    __slots__ = ("_it", "_ctx", "__next__", "_dataset", "_started", "_fingerprint", "__weakref__")
 
     def __init__(self, it: Iterator, ctx: IteratorContext, dataset: Optional[Dataset] = None):
         self._it = it
         self._ctx = ctx
         self._dataset = dataset
-        # Bind the inner __next__ directly: no extra Python frame per element.
-        self.__next__ = it.__next__
+        self._started = False
+        self._fingerprint: Optional[str] = None
+        # The first element goes through _first, which then binds the inner __next__ directly: no extra
+        # Python frame per element after it. A weak reference, so that the iterator stays free of cycles
+        # (its __del__ frees the pipeline's threads as soon as it is dropped).
+        self.__next__ = _first_next(weakref.ref(self), it)
 
     def __iter__(self) -> "_ClosingIterator":
         return self
 
     def stats(self) -> Any:
-        """What this iterator's consumer saw of the service so far (``client.reader.ReaderStats``: elements,
+        """What this iterator's consumer saw of the service so far (``ReaderStats``: elements,
         bytes, the time it waited for data — stall — and the elapsed time), over every distributed dataset
         read in the pipeline, whatever transformations follow it; zeros when none was read.
 
@@ -585,9 +620,7 @@ class _ClosingIterator:
             >>> for batch in it: ...
             >>> it.stats().stall_fraction
         """
-        from dataservice.client.distribute import reader_stats
-
-        return reader_stats(self._ctx)
+        return self._ctx.read_stats().stats()
 
     # tf.data.Iterator's methods. ``for`` and ``next()`` never go through them: ``__next__`` is the
     # inner iterator's own (plain StopIteration at the end, as TensorFlow's ``next()``).
@@ -629,6 +662,68 @@ class _ClosingIterator:
         """The spec of the elements this iterator yields: its dataset's ``element_spec``."""
         return self._dataset.element_spec
 
+    # torch's Stateful protocol (torch.distributed.checkpoint, torchdata), as Grain's get_state/set_state.
+    def state_dict(self) -> dict:
+        """The iterator's position: a plain dict that ``json.dumps`` accepts, holding positions rather than
+        elements (except the buffers of shuffle, group_by_window and unique: see the README). Taking
+        it does not change what comes next. ``NotCheckpointableError`` names a transformation that cannot
+        save its position (``from_generator``).
+
+        Example::
+
+            >>> it = iter(Dataset.range(100).batch(10))
+            >>> _ = next(it)
+            >>> json.dumps(it.state_dict())  # beside the model's checkpoint
+        """
+        from dataservice.data import checkpoint
+
+        position = checkpoint.save_input(self._it, self._dataset)
+        return {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "pipeline": self._pipeline(),
+                "position": position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Seeks this new iterator (no element read yet) to where ``state`` (from ``state_dict``, of the same
+        pipeline, built again in this process or another) was taken: it then yields exactly the elements the
+        saved iterator would have. ValueError for a state of another pipeline (naming both fingerprints), a
+        malformed state or an unknown version, and after ``next()``.
+
+        Example::
+
+            >>> it = iter(make_pipeline())
+            >>> it.load_state_dict(json.load(open("input_state.json")))
+        """
+        from dataservice.data import checkpoint
+
+        if self._started:
+            raise ValueError("load_state_dict() must come before the iterator's first element: this iterator "
+                             "has yielded elements already; make a new one with iter(dataset)")
+        if not isinstance(state, dict):
+            raise ValueError(f"load_state_dict() expects the dict state_dict() returned, got {type(state).__name__}")
+        if state.get("format") != checkpoint.FORMAT:
+            raise ValueError(f"this is not an iterator state of dataservice: its 'format' is {state.get('format')!r}, "
+                             f"expected {checkpoint.FORMAT!r}")
+        if state.get("version") != checkpoint.VERSION:
+            raise ValueError(f"iterator state version {state.get('version')!r} is not known to this dataservice, "
+                             f"which reads version {checkpoint.VERSION}: was it written by a newer release?")
+        theirs, mine = state.get("pipeline"), self._pipeline()
+        if theirs != mine:
+            raise ValueError(f"the iterator state is of another pipeline: it was taken from pipeline {theirs}, "
+                             f"this iterator's is {mine}; build the same pipeline (same transformations, "
+                             "arguments and functions) to restore it")
+        if "position" not in state:
+            raise ValueError("malformed iterator state: 'position' is missing")
+        try:
+            checkpoint.restore_input(self._it, self._dataset, state["position"])
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed iterator state: {type(exc).__name__}: {exc}") from exc
+
+    def _pipeline(self) -> str:
+        if self._fingerprint is None:
+            from dataservice.data.checkpoint import pipeline_fingerprint
+
+            self._fingerprint = pipeline_fingerprint(self._dataset)
+        return self._fingerprint
+
     def close(self) -> None:
         close = getattr(self._it, "close", None)
         if close is not None:
@@ -642,6 +737,19 @@ class _ClosingIterator:
             self._ctx.close(stop_readers=False)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+def _first_next(ref: "weakref.ref[_ClosingIterator]", it: Iterator) -> Callable[[], Any]:
+    inner = it.__next__
+
+    def first() -> Any:
+        owner = ref()
+        if owner is not None:
+            owner._started = True
+            owner.__next__ = inner
+        return inner()
+
+    return first
 
 
 # --- split groups: distributed_epoch's unit of work and of recovery ------------------------

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+from dataservice.data.checkpoint import Follows
 from dataservice.data.dataset import Dataset, IteratorContext
 from dataservice.data.iterators import Optional
 from dataservice.data.stats import StatsAggregator, StatsOptions, record_bytes, record_latency
 from dataservice.data.transformations import _UnaryDataset
-from dataservice.data.windows import group_by_window
+from dataservice.data.transformations.common import later
+from dataservice.data.transformations.windowing import group_by_window
 
 __all__ = ["Optional", "StatsAggregator", "StatsOptions", "bytes_produced_stats", "group_by_window",
            "latency_stats"]
@@ -60,7 +62,8 @@ class _StatsDataset(_UnaryDataset):
         stats = ctx.options.experimental_stats
         if stats.aggregator is None:
             return it  # no aggregator: no work at all per element
-        return type(self)._record(it, stats.aggregator, stats, self._tag)
+        # It records and passes elements on: its position is its input's.
+        return Follows(type(self)._record(later(it), stats.aggregator, stats, self._tag), it, self._input)
 
 
 class LatencyStatsDataset(_StatsDataset):

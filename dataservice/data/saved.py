@@ -13,6 +13,10 @@ removes the files earlier saves left in the directory.
 splittable source, one split per chunk, so a loaded dataset runs in ``distributed_epoch``; the
 workers need the directory at the same path (a shared file system).
 
+A loaded dataset's iterator saves its position (``state_dict``) as each shard's chunk file, the byte
+offset of a record in it and the elements of that record already taken: restoring seeks to the record
+and decodes it alone again.
+
 Example::
 
     >>> Dataset.range(5).map(lambda x: x * 2).save("/tmp/saved", compression="GZIP")
@@ -36,8 +40,10 @@ import numpy as np
 
 from dataservice import errors
 from dataservice.data import save_format, structure
+from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.dataset import INFINITE_CARDINALITY, Dataset, _function_name
 from dataservice.data.options import default_parallelism
+from dataservice.data.readers.tfrecord import corrupted_record, masked_crc32c
 from dataservice.data.sources import SplittableSource
 from dataservice.service.wire import unencodable_error
 
@@ -321,6 +327,212 @@ def _check_spec(directory: str, saved: Any, given: Any) -> Any:
     return given
 
 
+# --- reading chunk files at a position: what an iterator's state restores -------------------------------
+
+def _records_at(path: str, start: int) -> Iterator[tuple[memoryview, int, int]]:
+    """The records of a chunk file from byte ``start`` (where a record begins) on, each with its offset
+    and the offset after it; read and checked as ``save_format.read_chunk`` does, after a seek."""
+    head = save_format._RECORD_HEAD
+    header = bytearray(head.size)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if start > size:
+            raise ValueError(f"the iterator state does not fit {path}: its saved 'record' offset {start} is beyond "
+                             f"the end of the file ({size} bytes)")
+        f.seek(start)
+        offset = start
+        while True:
+            got = save_format._read_into(f, header)
+            if got == 0:
+                return
+            if got < head.size:
+                raise corrupted_record(path, offset, f"truncated record: the file ends {got} bytes into a header")
+            length, stored = head.unpack_from(header)
+            if masked_crc32c(bytes(header[:8])) != stored:
+                raise corrupted_record(path, offset, "length CRC mismatch")
+            end = offset + head.size + length + 4
+            if end > size:
+                raise corrupted_record(path, offset, f"truncated record: the file ends before the record of "
+                                                     f"{length} bytes")
+            data = bytearray(length + 4)
+            if save_format._read_into(f, data) != len(data):
+                raise corrupted_record(path, offset, "truncated record: the file ended while it was read")
+            record = memoryview(data)[:length]
+            if masked_crc32c(record) != save_format._U32_STRUCT.unpack_from(data, length)[0]:
+                raise corrupted_record(path, offset, "data CRC mismatch")
+            yield record, offset, end
+            offset = end
+
+
+def _record_elements(path: str, codec: Optional[str], start: int) -> Iterator[tuple[list, int, int]]:
+    """The elements of each record of a chunk file from byte ``start`` on, with the record's offsets."""
+    functions = save_format.codec_functions(codec)
+    decompress = functions[1] if functions else None
+    for record, offset, end in _records_at(path, start):
+        payload: Any = record
+        if decompress is not None:
+            try:
+                payload = decompress(record)
+                if not isinstance(payload, bytearray):  # the record's arrays are views into it: writable
+                    payload = bytearray(payload)
+            except Exception as exc:  # each codec raises its own error type
+                raise corrupted_record(path, offset, f"the record does not decompress as {codec} "
+                                                     f"({type(exc).__name__}: {exc})") from None
+        yield save_format._decode_payload(payload, path, offset), offset, end
+
+
+class _RecordCursor:
+    """Where a reader of chunk files stands: the chunk (its place in the reader's list), the offset of the
+    record it is in (or opens first) and how many of that record's elements were taken; the open record's
+    list iterator counts those, so reading costs nothing more."""
+
+    __slots__ = ("chunk", "record", "skip", "items", "count", "end")
+
+    def __init__(self, chunk: int = 0, record: int = 0, skip: int = 0):
+        self.chunk = chunk
+        self.record = record
+        self.skip = skip
+        self.items: Any = None  # the open record's elements
+        self.count = 0          # how many it holds
+        self.end = 0            # the offset after it
+
+    def position(self) -> list:
+        items = self.items
+        if items is None:
+            return [self.chunk, self.record, self.skip]
+        reduced = items.__reduce__()
+        taken = reduced[2] if len(reduced) > 2 else self.count
+        if taken >= self.count:
+            return [self.chunk, self.end, 0]
+        return [self.chunk, self.record, taken]
+
+    def enter(self, elements: list, record: int, end: int) -> Any:
+        self.record, self.count, self.end = record, len(elements), end
+        self.items = items = iter(elements)
+        return items
+
+    def restored(self, state: Any, chunks: int, where: str) -> None:
+        if not (isinstance(state, list) and len(state) == 3 and all(type(v) is int and v >= 0 for v in state)):
+            raise ValueError(f"malformed iterator state for {where}: a shard's position must be [chunk, record "
+                             f"offset, elements taken] (ints >= 0), got {state!r:.80}")
+        if state[0] > chunks or (state[0] == chunks and (state[1] or state[2])):
+            raise ValueError(f"malformed iterator state for {where}: its 'chunk' must be < {chunks} (the shard's "
+                             f"chunk files), got {state[0]}")
+        self.chunk, self.record, self.skip = state
+
+
+def _chunk_blocks(paths: list, codec: Optional[str], cursor: _RecordCursor) -> Iterator:
+    """The list iterators of the records' elements of ``paths`` from the cursor on (``chain`` flattens
+    them). A restored cursor opens its chunk at the record's offset (a seek) and seeks into its elements:
+    only that record is read and decoded again."""
+    while cursor.chunk < len(paths):
+        start, skip = cursor.record, cursor.skip
+        for elements, offset, end in _record_elements(paths[cursor.chunk], codec, start):
+            items = cursor.enter(elements, offset, end)
+            if skip:
+                if skip > len(elements):
+                    raise ValueError(f"the iterator state does not fit {paths[cursor.chunk]}: the record at offset "
+                                     f"{offset} holds {len(elements)} elements, fewer than the saved {skip}")
+                items.__setstate__(skip)
+                skip = 0
+            yield items
+        cursor.items = None
+        cursor.chunk += 1
+        cursor.record = cursor.skip = 0
+
+
+class _ShardReader(NodeIterator):
+    """One shard's chunk files in order. State: ``[chunk, record offset, elements of that record taken]``;
+    restoring seeks to the record."""
+
+    __slots__ = ("__next__", "_paths", "_cursor", "_blocks", "_chain", "_where")
+
+    def __init__(self, paths: list, codec: Optional[str], where: str):
+        self._paths = paths
+        self._where = where
+        self._cursor = _RecordCursor()
+        self._blocks = _chunk_blocks(paths, codec, self._cursor)
+        self._chain = itertools.chain.from_iterable(self._blocks)
+        self.__next__ = self._chain.__next__
+
+    def save(self) -> list:
+        return self._cursor.position()
+
+    def restore(self, state: Any) -> None:
+        self._cursor.restored(state, len(self._paths), self._where)
+
+    def close(self) -> None:
+        self._blocks.close()
+
+
+class _Turn:
+    __slots__ = ("next",)
+
+    def __init__(self) -> None:
+        self.next = 0
+
+
+def _round_robin(elements: list, turn: _Turn) -> Iterator:
+    """One element of each shard in turn, passing over the shards that ended (the order ``save`` wrote).
+    ``elements[i]`` is shard i's elements (None once it ended); ``turn.next`` the shard whose turn is next."""
+    n = len(elements)
+    i = turn.next
+    left = sum(e is not None for e in elements)
+    while left:
+        shard = elements[i]
+        i += 1
+        if i == n:
+            i = 0
+        if shard is not None:
+            for element in shard:  # a for over C iterators: cheaper than a call in a try
+                turn.next = i
+                yield element
+                break
+            else:
+                elements[i - 1] = None  # i - 1 is -1, the last, when i wrapped
+                left -= 1
+
+
+class _ShardsReader(NodeIterator):
+    """The shards of a save read round robin. State: ``{"shards": [each shard's position, or null once it
+    ended], "next": the shard whose element comes next}``."""
+
+    __slots__ = ("__next__", "_readers", "_shards", "_turn", "_elements", "_where")
+
+    def __init__(self, readers: list, where: str):
+        self._readers = readers
+        self._where = where
+        self._shards = [reader._chain for reader in readers]
+        self._turn = _Turn()
+        self._elements = _round_robin(self._shards, self._turn)
+        self.__next__ = self._elements.__next__
+
+    def save(self) -> dict:
+        return {"shards": [r.save() if shard is not None else None for r, shard in zip(self._readers, self._shards)],
+                "next": self._turn.next}
+
+    def restore(self, state: Any) -> None:
+        shards = field(state, "shards", list, self._where)
+        turn = field(state, "next", int, self._where)
+        if len(shards) != len(self._readers):
+            raise ValueError(f"malformed iterator state for {self._where}: 'shards' holds {len(shards)} positions, "
+                             f"the save has {len(self._readers)} shards")
+        if turn >= len(self._readers):
+            raise ValueError(f"malformed iterator state for {self._where}: 'next' must be < {len(self._readers)}, "
+                             f"got {turn}")
+        for i, (reader, shard) in enumerate(zip(self._readers, shards)):
+            if shard is None:
+                self._shards[i] = None
+            else:
+                reader.restore(shard)
+        self._turn.next = turn
+
+    def close(self) -> None:
+        self._elements.close()
+        for reader in self._readers:
+            reader.close()
+
+
 class SavedDataset(SplittableSource):
     """The elements of a saved dataset; one split per chunk file.
 
@@ -368,20 +580,24 @@ class SavedDataset(SplittableSource):
         for index in self.shard_chunks().get(shard, []):
             yield from self.read_split(index)
 
+    def _shard_reader(self, indices: list) -> _ShardReader:
+        return _ShardReader([self._chunks[i][0] for i in indices], self._codec, self._describe())
+
     def _read_all(self) -> Iterator:
-        iterators = [itertools.chain.from_iterable(self.read_split(i) for i in indices)
-                     for indices in self.shard_chunks().values()]
-        if len(iterators) == 1:
-            yield from iterators[0]
-            return
-        while iterators:
-            alive = []
-            for it in iterators:
-                for element in it:
-                    alive.append(it)
-                    yield element
-                    break
-            iterators = alive
+        """Its state: one shard's position (``_ShardReader``), or every shard's and whose turn it is
+        (``_ShardsReader``): the chunk, the offset of a record in it and the elements of that record
+        already taken. Restoring seeks to the record and reads only it again.
+
+        Example::
+
+            >>> it = iter(Dataset.load("/tmp/saved")); next(it)
+            >>> it.state_dict()["position"]
+            {'shards': [[0, 0, 1], [0, 0, 0]], 'next': 1}
+        """
+        readers = [self._shard_reader(indices) for indices in self.shard_chunks().values()]
+        if len(readers) == 1:
+            return readers[0]
+        return _ShardsReader(readers, self._describe())
 
 
 class _ShardDataset(Dataset):
@@ -403,7 +619,7 @@ class _ShardDataset(Dataset):
         return self._saved._element_spec()
 
     def _iterator(self, ctx: Any) -> Iterator:
-        return self._saved.read_shard(self._shard)
+        return self._saved._shard_reader(self._saved.shard_chunks().get(self._shard, []))
 
 
 class ShardDatasets(SplittableSource):
@@ -497,8 +713,13 @@ class GrowingSave(Dataset):
         return self._spec
 
     def _iterator(self, ctx: Any) -> Iterator:
+        return _GrowingReader(self)
+
+    def _groups(self, at: "_Growing") -> Iterator:
+        """The list iterators of the records' elements of each committed chunk not read yet, the partly
+        read one (restored) first."""
         chunks_dir = os.path.join(self._directory, "chunks")
-        read: set = set()
+        read = at.read
         while True:
             error = _save_error(self._directory)
             if error is not None:
@@ -507,13 +728,86 @@ class GrowingSave(Dataset):
             done = os.path.exists(os.path.join(self._directory, _DONE_FILE))
             fresh = sorted(int(m.group(1)) for m in map(_COMMITTED.match, os.listdir(chunks_dir))
                            if m and int(m.group(1)) not in read)
+            if at.group is not None and (not fresh or fresh[0] != at.group):
+                if at.group not in fresh:  # committed chunks stay: the state is of another save
+                    raise ValueError(f"the iterator state does not fit {self._describe()}: its 'chunk' "
+                                     f"{at.group} is not a committed chunk of the save")
+                fresh.remove(at.group)
+                fresh.insert(0, at.group)
             for group in fresh:
-                yield from save_format.read_chunk(os.path.join(chunks_dir, f"chunk_{group}"), self._codec)
+                at.group = group
+                yield from _chunk_blocks([os.path.join(chunks_dir, f"chunk_{group}")], self._codec, at.cursor)
                 read.add(group)
+                at.group = None
+                at.cursor = _RecordCursor()
             if done:
                 return
             if not fresh:
                 time.sleep(WAIT_POLL_S)
+
+
+class _Growing:
+    __slots__ = ("read", "group", "cursor")
+
+    def __init__(self) -> None:
+        self.read: set = set()        # the chunks read whole
+        self.group: Optional[int] = None  # the chunk being read
+        self.cursor = _RecordCursor()  # where in it
+
+
+def _as_ranges(numbers: set) -> list:
+    """Sorted ints as [first, last + 1] runs: chunks are committed mostly in order, so a few runs."""
+    ranges: list = []
+    for n in sorted(numbers):
+        if ranges and ranges[-1][1] == n:
+            ranges[-1][1] = n + 1
+        else:
+            ranges.append([n, n + 1])
+    return ranges
+
+
+class _GrowingReader(NodeIterator):
+    """``load(wait=True)``'s elements, chunk by chunk as they are committed. State: ``{"read": the chunks
+    read whole, as [first, last + 1] runs, "chunk": the chunk being read or null, "record": the offset of
+    the record in it, "skip": its elements taken}``. Restoring reads the partly read chunk first, from that
+    record, then the chunks not read: every element exactly once, in no fixed order (as before)."""
+
+    __slots__ = ("__next__", "_node", "_at", "_groups")
+
+    def __init__(self, node: GrowingSave):
+        self._node = node
+        self._at = _Growing()
+        self._groups = node._groups(self._at)
+        self.__next__ = itertools.chain.from_iterable(self._groups).__next__
+
+    def save(self) -> dict:
+        at = self._at
+        _, record, skip = at.cursor.position()
+        return {"read": _as_ranges(at.read), "chunk": at.group, "record": record, "skip": skip}
+
+    def restore(self, state: Any) -> None:
+        where = self._node._describe()
+        runs = field(state, "read", list, where)
+        group = field(state, "chunk", (int, type(None)), where)
+        record = field(state, "record", int, where)
+        skip = field(state, "skip", int, where)
+        read: set = set()
+        for run in runs:
+            if not (isinstance(run, list) and len(run) == 2 and all(type(v) is int and v >= 0 for v in run)
+                    and run[0] < run[1]):
+                raise ValueError(f"malformed iterator state for {where}: 'read' must hold [first, last + 1] runs "
+                                 f"of chunk numbers, got {run!r:.80}")
+            read.update(range(run[0], run[1]))
+        if group is not None and (group < 0 or group in read):
+            raise ValueError(f"malformed iterator state for {where}: 'chunk' {group} is read whole already or "
+                             "negative")
+        at = self._at
+        at.read.update(read)
+        at.group = group
+        at.cursor.record, at.cursor.skip = (record, skip) if group is not None else (0, 0)
+
+    def close(self) -> None:
+        self._groups.close()
 
 
 def load(path: Any, element_spec: Any = None, compression: Optional[str] = None,

@@ -20,6 +20,12 @@ Layout (``<fp>``: the upstream fingerprint, 64 hex digits)::
     <path>/<fp>/snapshot/shard_00000003/chunk_00000000   elements of shard 3, in order
     <path>/<fp>/attempts/<host>-<pid>-<rand>/  an attempt being written
     <path>/<fp>/attempts/<host>-<pid>-<rand>.lock   flock'ed by its live writer
+    <path>/<fp>/checkpoints/<host>-<pid>-<rand>/    hard links to the chunks an iterator state of that
+                                                   writer refers to; removed when the snapshot is committed
+
+An iterator's state (``it.state_dict()``) is its place in the reading pipeline, or, while writing, the
+input's position and the chunks written so far (see ``_SnapshotIterator``): a writing pass restored in
+another process writes on, and commits a snapshot holding every element.
 
 Example::
 
@@ -34,6 +40,7 @@ import collections
 import hashlib
 import os
 import pickletools
+import shutil
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -41,9 +48,12 @@ import numpy as np
 from dataservice import errors
 from dataservice.data.attempts import Attempt, fsync_tree_dirs, sweep_stale_attempts
 from dataservice.data.background import Pump
+from dataservice.data.checkpoint import ChunkIterator, NodeIterator, close_input, field, restore_input, save_input, \
+    skip_elements
 from dataservice.data.dataset import UNKNOWN_CARDINALITY, Dataset, IteratorContext
 from dataservice.data.options import default_parallelism
 from dataservice.data.transformations import _UnaryDataset, raise_user_error
+from dataservice.data.transformations.common import STATE, elements_of
 
 __all__ = ["snapshot", "SnapshotDataset", "snapshot_fingerprint", "canonical_pickle_digest", "sweep_stale_attempts"]
 
@@ -251,18 +261,31 @@ class SnapshotDataset(_UnaryDataset):
             # distributed_epoch runs the pipeline over a subset of its splits: what passes here is not the
             # whole output, so neither write it as a snapshot nor read a snapshot in its place.
             return self._input._iterator(ctx)
-        return self._run(ctx)
+        return _SnapshotIterator(self, ctx)
 
-    def _run(self, ctx: IteratorContext) -> Iterator:
-        run_dir = self.run_directory
-        committed = os.path.join(run_dir, COMMITTED_DIR)
-        if os.path.isdir(committed):
-            yield from self._read(committed, ctx)
-        else:
-            yield from self._write(run_dir, ctx)
+    def _pass(self, cursor: "_SnapshotPass") -> Iterator:
+        """One pass: reads the committed snapshot, or writes it while handing the input's elements on (or,
+        restored, what ``restore`` set up). Which one is decided at the first element, as the snapshot may
+        be committed by then."""
+        committed = os.path.join(self.run_directory, COMMITTED_DIR)
+        if cursor.mode is None:
+            if os.path.isdir(committed):
+                cursor.read(self, committed)
+            else:
+                cursor.mode = "write"
+                cursor.input = self._input._iterator(cursor.ctx)
+        elif cursor.mode == "write" and cursor.resume is not None and os.path.isdir(committed):
+            cursor.mode = "input"  # committed since the restore (which kept the input's position): as below
+        if cursor.mode == "read":
+            yield from elements_of(cursor.reader)
+        elif cursor.mode == "write":
+            yield from self._write(self.run_directory, cursor)
+        else:  # restored writing a snapshot that was committed meanwhile: the input's elements, unwritten
+            yield from elements_of(cursor.input)
+        cursor.done = True
 
     # --- reading ---------------------------------------------------------------------------
-    def _read(self, committed: str, ctx: IteratorContext) -> Iterator:
+    def _read_dataset(self, committed: str) -> Dataset:
         metadata = read_snapshot_metadata(committed)
         compression = metadata["compression"]
         shards = tuple(_ShardDataset(committed, shard["index"],
@@ -276,33 +299,41 @@ class SnapshotDataset(_UnaryDataset):
             # read round-robin come out in the written order.
             cycle = len(shards) if metadata["round_robin"] else default_parallelism()
             dataset = _ShardsDataset(tuple(_ReadAheadDataset(shard) for shard in shards), committed)
-            dataset = dataset.interleave(_identity, cycle_length=max(1, cycle))
-        else:
-            try:
-                dataset = self._reader_func(datasets)
-            except Exception as exc:
-                raise_user_error(exc, f"{self._describe()} reader_func")
-            if not isinstance(dataset, Dataset):
-                raise TypeError(f"{self._describe()}: reader_func must return a Dataset, got "
-                                f"{type(dataset).__name__}")
-        yield from dataset._iterator(ctx)
+            return dataset.interleave(_identity, cycle_length=max(1, cycle))
+        try:
+            dataset = self._reader_func(datasets)
+        except Exception as exc:
+            raise_user_error(exc, f"{self._describe()} reader_func")
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"{self._describe()}: reader_func must return a Dataset, got {type(dataset).__name__}")
+        return dataset
 
     # --- writing ---------------------------------------------------------------------------
-    def _write(self, run_dir: str, ctx: IteratorContext) -> Iterator:
+    def _write(self, run_dir: str, cursor: "_SnapshotPass") -> Iterator:
         save_format = _save_format()
-        compression = save_format.resolve_compression(self._compression)
         attempts = os.path.join(run_dir, ATTEMPTS_DIR)
         os.makedirs(attempts, exist_ok=True)
         sweep_stale_attempts(attempts)
-        attempt = Attempt(attempts)
+        attempt = cursor.attempt = Attempt(attempts)
+        resume = cursor.resume
+        if resume is None:
+            compression = cursor.compression = save_format.resolve_compression(self._compression)
+            num_shards = cursor.num_shards = default_parallelism()
+        else:  # restored: the chunks written before the cut, from the state's checkpoint directory
+            compression, num_shards = cursor.compression, cursor.num_shards
+            try:
+                _link_chunks(resume, attempt.directory, cursor.chunks)
+            except BaseException:
+                attempt.discard()
+                raise
+            cursor.resume = None
         shard_func = self._shard_func
-        num_shards = default_parallelism()
         where = f"{self._describe()} shard_func"
-        open_chunks: collections.OrderedDict = collections.OrderedDict()  # shard -> ChunkWriter, LRU first
-        chunks: dict[int, list] = {}  # shard -> [(file, num_elements)], in order
-        count = 0
+        open_chunks = cursor.open_chunks  # shard -> ChunkWriter, LRU first
+        chunks = cursor.chunks  # shard -> [[file, ChunkWriter or _Written]], in order
+        count = cursor.count
         try:
-            for element in self._input._iterator(ctx):
+            for element in elements_of(cursor.input):
                 if shard_func is None:
                     shard = count % num_shards
                 else:
@@ -310,14 +341,14 @@ class SnapshotDataset(_UnaryDataset):
                         returned = shard_func(*element) if type(element) is tuple else shard_func(element)
                     except Exception as exc:
                         raise_user_error(exc, where)
-                    shard = _save_format().shard_index(returned, where)
+                    shard = save_format.shard_index(returned, where)
                 writer = open_chunks.get(shard)
                 if writer is None:
                     if len(open_chunks) >= MAX_OPEN_CHUNKS:
                         _, oldest = open_chunks.popitem(last=False)
                         oldest.commit()
                     files = chunks.setdefault(shard, [])
-                    name = os.path.join(f"shard_{shard:08d}", f"chunk_{len(files):08d}")
+                    name = _chunk_name(shard, len(files))
                     os.makedirs(os.path.join(attempt.directory, os.path.dirname(name)), exist_ok=True)
                     writer = save_format.ChunkWriter(os.path.join(attempt.directory, name), compression)
                     files.append([name, writer])
@@ -343,12 +374,220 @@ class SnapshotDataset(_UnaryDataset):
             fsync_tree_dirs(attempt.directory)
             save_format.write_metadata(attempt.directory, metadata)
             attempt.commit(os.path.join(run_dir, COMMITTED_DIR))
+            # Committed: every state of a writing pass now restores to reading its input on (the snapshot is
+            # there), so the chunks kept for them are of no use.
+            shutil.rmtree(os.path.join(run_dir, CHECKPOINTS_DIR), ignore_errors=True)
         except BaseException:
-            # Stopped early (GeneratorExit), an error upstream or in shard_func: nothing of this pass is kept.
+            # Stopped early (GeneratorExit), an error upstream or in shard_func: nothing of this pass is kept
+            # (but the chunks a state refers to, under CHECKPOINTS_DIR).
             for writer in open_chunks.values():
                 writer.abort()
             attempt.discard()
             raise
+
+
+#: Where a writing pass's state keeps the chunks written before it was taken (hard links), under the run
+#: directory: attempts are swept when their writer dies, these stay until the snapshot is committed.
+CHECKPOINTS_DIR = "checkpoints"
+
+
+class _Written:
+    """A chunk written before a restored writing pass's state: its element count."""
+
+    __slots__ = ("num_elements",)
+
+    def __init__(self, num_elements: int):
+        self.num_elements = num_elements
+
+
+def _chunk_name(shard: int, index: int) -> str:
+    return os.path.join(f"shard_{shard:08d}", f"chunk_{index:08d}")
+
+
+def _link(source: str, target: str) -> None:
+    """``target`` as a hard link to ``source`` (a copy where the filesystem has no hard links)."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        pass
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _link_chunks(source: str, directory: str, chunks: dict) -> None:
+    """Links the chunks ``chunks`` lists (shard -> [[name, _Written]]) from ``source`` into ``directory``."""
+    for shard in chunks:
+        for name, _ in chunks[shard]:
+            _link(os.path.join(source, name), os.path.join(directory, name))
+
+
+class _SnapshotPass:
+    """One pass of a snapshot node: ``mode`` None (not decided yet), "read" (``reader``, the iterator of
+    ``reader_dataset`` over the committed snapshot), "write" (the ``input``'s elements written into
+    ``attempt``: ``chunks`` per shard, ``open_chunks``, ``count`` elements before it (restored), ``num_shards``
+    for round-robin,
+    ``compression``; ``resume``, a restored state's checkpoint directory to start from) or "input" (a
+    restored writing pass whose snapshot was committed meanwhile: the input's elements, unwritten)."""
+
+    __slots__ = ("ctx", "mode", "reader", "reader_dataset", "input", "attempt", "chunks", "open_chunks", "count",
+                 "num_shards", "compression", "resume", "linked", "done")
+
+    def __init__(self, ctx: IteratorContext):
+        self.ctx = ctx
+        self.mode: Optional[str] = None
+        self.reader: Optional[Iterator] = None
+        self.reader_dataset: Optional[Dataset] = None
+        self.input: Optional[Iterator] = None
+        self.attempt: Optional[Attempt] = None
+        self.chunks: dict = {}
+        self.open_chunks: collections.OrderedDict = collections.OrderedDict()
+        self.count = 0
+        self.num_shards = 0
+        self.compression: Optional[str] = None
+        self.resume: Optional[str] = None
+        self.linked: set = set()  # chunks already linked into this writer's checkpoint directory
+        self.done = False
+
+    def read(self, node: "SnapshotDataset", committed: str) -> None:
+        self.mode = "read"
+        self.reader_dataset = node._read_dataset(committed)
+        self.reader = self.reader_dataset._iterator(self.ctx)
+
+
+class _SnapshotIterator(NodeIterator):
+    """The iterator of a snapshot node. Its state:
+
+    - reading the committed snapshot: ``{"mode": "read", "reader": <state of the reading pipeline>}``,
+      the default reader's (an interleave of the shards, each read ahead on a thread) or ``reader_func``'s
+      dataset's, built again on restore. A shard's position is its chunk, the byte offset of the record
+      being read and the elements of it taken: a restore seeks to the record and decodes it alone again.
+    - writing it (the first pass): the input's position, the elements written so far, how they are
+      sharded, and the chunks that hold them. Taking the state commits the chunks being written (a later
+      element goes to a new chunk of its shard) and hard-links them under ``<run>/checkpoints/<attempt>``
+      (attempts are swept when their writer dies; these stay until the snapshot is committed): a restore,
+      in a new process, links them into an attempt of its own and writes on, so the snapshot it commits
+      holds every element, each in its shard, in order. If the snapshot was committed meanwhile, the
+      restored pass hands the input's elements on without writing (as the first writer's pass would).
+      The state grows with the number of chunks (shards, and one more per shard at each state taken).
+
+    Example::
+
+        >>> it = iter(Dataset.range(10).apply(snapshot("/tmp/s")))   # first pass: writes
+        >>> _ = next(it); it.state_dict()["position"]["mode"]
+        'write'
+    """
+
+    __slots__ = ("__next__", "_node", "_pass", "_elements", "_restored")
+
+    def __init__(self, node: SnapshotDataset, ctx: IteratorContext):
+        self._node = node
+        self._pass = _SnapshotPass(ctx)
+        self._restored: Optional[dict] = None
+        # The generator refers to the cursor, not to this object: no cycle.
+        self._elements = node._pass(self._pass)
+        self.__next__ = self._elements.__next__
+
+    def save(self) -> dict:
+        node, cursor = self._node, self._pass
+        if cursor.mode is None:
+            return {"mode": "start"}
+        if cursor.mode == "read":
+            return {"mode": "read", "reader": save_input(cursor.reader, cursor.reader_dataset)}
+        position = save_input(cursor.input, node._input)
+        if cursor.mode == "input" or cursor.done:
+            return {"mode": "input", "input": position}
+        if cursor.attempt is None:  # restored, or nothing read: where it starts
+            if self._restored is not None:
+                return self._restored
+            return {"mode": "write", "input": position, "count": 0, "num_shards": 0, "compression": None,
+                    "checkpoint": None, "shards": []}
+        return self._save_written(position)
+
+    def _save_written(self, position: Any) -> dict:
+        """Commits the chunks being written and links every chunk into this writer's checkpoint directory."""
+        cursor = self._pass
+        while cursor.open_chunks:
+            cursor.open_chunks.popitem(last=False)[1].commit()
+        name = os.path.basename(cursor.attempt.directory)
+        keep = os.path.join(self._node.run_directory, CHECKPOINTS_DIR, name)
+        for shard in cursor.chunks:
+            for chunk, _ in cursor.chunks[shard]:
+                if chunk not in cursor.linked:
+                    _link(os.path.join(cursor.attempt.directory, chunk), os.path.join(keep, chunk))
+                    cursor.linked.add(chunk)
+        fsync_tree_dirs(keep)
+        count = sum(w.num_elements for files in cursor.chunks.values() for _, w in files)
+        return {"mode": "write", "input": position, "count": count, "num_shards": cursor.num_shards,
+                "compression": cursor.compression, "checkpoint": name,
+                "shards": [[shard, [w.num_elements for _, w in cursor.chunks[shard]]]
+                           for shard in sorted(cursor.chunks)]}
+
+    def restore(self, state: Any) -> None:
+        node, cursor = self._node, self._pass
+        where = node._describe()
+        mode = field(state, "mode", str, where)
+        if mode == "start":
+            return
+        committed = os.path.join(node.run_directory, COMMITTED_DIR)
+        if mode == "read":
+            reader = field(state, "reader", STATE, where)
+            if not os.path.isdir(committed):
+                raise ValueError(f"the iterator state does not fit {where}: it was taken reading the committed "
+                                 f"snapshot {committed!r}, which is gone")
+            cursor.read(node, committed)
+            restore_input(cursor.reader, cursor.reader_dataset, reader)
+            return
+        if mode not in ("write", "input"):
+            raise ValueError(f"malformed iterator state for {where}: 'mode' must be 'start', 'read', 'write' or "
+                             f"'input', got {mode!r}")
+        position = field(state, "input", STATE, where)
+        cursor.input = node._input._iterator(cursor.ctx)
+        restore_input(cursor.input, node._input, position)
+        if mode == "input" or os.path.isdir(committed):
+            cursor.mode = "input"
+            return
+        count = field(state, "count", int, where)
+        num_shards = field(state, "num_shards", int, where)
+        compression = field(state, "compression", (str, type(None)), where)
+        checkpoint = field(state, "checkpoint", (str, type(None)), where)
+        shards = field(state, "shards", list, where)
+        chunks: dict = {}
+        for entry in shards:
+            if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], int)
+                    or not isinstance(entry[1], list) or not all(isinstance(n, int) for n in entry[1])):
+                raise ValueError(f"malformed iterator state for {where}: each of 'shards' must be [shard, [chunk "
+                                 f"sizes]], got {entry!r}")
+            chunks[entry[0]] = [[_chunk_name(entry[0], i), _Written(n)] for i, n in enumerate(entry[1])]
+        if sum(w.num_elements for files in chunks.values() for _, w in files) != count:
+            raise ValueError(f"malformed iterator state for {where}: its chunks do not hold its {count} elements")
+        cursor.mode = "write"
+        self._restored = state
+        if checkpoint is None:  # nothing was written: the pass starts over (from the input's position)
+            if count:
+                raise ValueError(f"malformed iterator state for {where}: {count} elements written, but no "
+                                 "checkpoint directory")
+            return
+        if os.sep in checkpoint or checkpoint in ("", ".", ".."):
+            raise ValueError(f"malformed iterator state for {where}: checkpoint {checkpoint!r} is not a name")
+        if num_shards < 1:
+            raise ValueError(f"malformed iterator state for {where}: 'num_shards' must be >= 1, got {num_shards}")
+        source = os.path.join(node.run_directory, CHECKPOINTS_DIR, checkpoint)
+        missing = [name for files in chunks.values() for name, _ in files
+                   if not os.path.isfile(os.path.join(source, name))]
+        if missing:
+            raise ValueError(f"the iterator state does not fit {where}: the snapshot was being written, and the "
+                             f"chunks written before the state was taken are gone from {source!r} (e.g. "
+                             f"{missing[0]!r}); a pass from the start writes the snapshot again")
+        if compression is not None:
+            _save_format().resolve_compression(compression)
+        cursor.chunks, cursor.count, cursor.num_shards, cursor.compression = chunks, count, num_shards, compression
+        cursor.resume = source
+
+    def close(self) -> None:
+        close_input(self._elements)
+        close_input(self._pass.reader)
+        close_input(self._pass.input)
 
 
 class _ShardDataset(Dataset):
@@ -369,9 +608,12 @@ class _ShardDataset(Dataset):
         return sum(n for _, n in self._chunks)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        read_chunk = _save_format().read_chunk
-        for name, _ in self._chunks:
-            yield from read_chunk(os.path.join(self._directory, name), self._compression)
+        # A saved dataset's shard reader (the same chunk format): its position is the chunk, the byte offset
+        # of the record being read and the elements of it taken; a restore seeks to the record.
+        from dataservice.data.saved import _ShardReader
+
+        return _ShardReader([os.path.join(self._directory, name) for name, _ in self._chunks], self._compression,
+                            self._describe())
 
 
 class _ReadAheadDataset(Dataset):
@@ -392,30 +634,88 @@ class _ReadAheadDataset(Dataset):
         return self._shard.cardinality()
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        pump = Pump(_batched(self._shard._iterator(ctx), READ_AHEAD_BATCH), capacity=READ_AHEAD_BATCHES,
+        return _ReadAheadIterator(self, self._shard._iterator(ctx))
+
+    def _elements(self, shard_iterator: Iterator, cursor: "_ReadAheadCursor") -> Iterator:
+        pump = Pump(_batched(shard_iterator, READ_AHEAD_BATCH), capacity=READ_AHEAD_BATCHES,
                     name="dataservice-snapshot-read")
+        cursor.started = True
         try:
             while True:
                 batch = pump.get()
                 if batch is Pump.END:
                     return
-                yield from batch
+                position, elements = batch
+                items = iter(elements)
+                cursor.position, cursor.count, cursor.items = position, len(elements), items
+                yield from items
         finally:
             pump.close()
 
 
-def _batched(it: Iterator, size: int) -> Iterator[list]:
-    """Lists of up to ``size`` elements or about ``READ_AHEAD_BYTES``: batches of large arrays stay small."""
+class _ReadAheadCursor:
+    __slots__ = ("position", "count", "items", "started")
+
+    def __init__(self) -> None:
+        self.position: Any = None  # the shard's position before the batch being handed over
+        self.count = 0             # that batch's elements
+        self.items: Optional[Iterator] = None
+        self.started = False       # the reading thread was started
+
+
+class _ReadAheadIterator(NodeIterator):
+    """A shard read ahead: its position is the shard's before the batch being handed over (recorded by the
+    reading thread, once a batch) and how many of the batch were taken: ``{"at": ..., "skip": n}``; a
+    restore reads again at most a batch (``READ_AHEAD_BATCH`` elements)."""
+
+    __slots__ = ("__next__", "_dataset", "_shard", "_cursor", "_elements")
+
+    def __init__(self, dataset: _ReadAheadDataset, shard_iterator: Iterator):
+        self._dataset = dataset
+        self._shard = shard_iterator
+        self._cursor = _ReadAheadCursor()
+        self._elements = dataset._elements(shard_iterator, self._cursor)
+        self.__next__ = self._elements.__next__
+
+    def save(self) -> dict:
+        cursor = self._cursor
+        if cursor.items is None:
+            # Nothing handed over: the thread has not started, or it has ended (then the shard is read).
+            return {"at": self._shard.save(), "skip": 0}
+        reduced = cursor.items.__reduce__()
+        return {"at": cursor.position, "skip": reduced[2] if len(reduced) > 2 else cursor.count}
+
+    def restore(self, state: Any) -> None:
+        where = self._dataset._describe()
+        at = field(state, "at", STATE, where)
+        skip = field(state, "skip", int, where)
+        self._shard.restore(at)
+        skip_elements(self._shard, skip, where)
+
+    def close(self) -> None:
+        close_input(self._elements)  # stops the reading thread, which closes the shard's iterator
+        if not self._cursor.started:
+            close_input(self._shard)
+
+
+def _batched(it: Iterator, size: int) -> Iterator[tuple[Any, list]]:
+    """Lists of up to ``size`` elements or about ``READ_AHEAD_BYTES`` (batches of large arrays stay small),
+    each with the shard's position before it (on the reading thread, which alone reads the shard)."""
     batch: list = []
     nbytes = 0
-    for element in it:
-        batch.append(element)
-        nbytes += _nbytes(element)
-        if len(batch) >= size or nbytes >= READ_AHEAD_BYTES:
-            yield batch
-            batch, nbytes = [], 0
-    if batch:
-        yield batch
+    try:
+        position = it.save()
+        for element in elements_of(it):
+            batch.append(element)
+            nbytes += _nbytes(element)
+            if len(batch) >= size or nbytes >= READ_AHEAD_BYTES:
+                yield position, batch
+                position = it.save()
+                batch, nbytes = [], 0
+        if batch:
+            yield position, batch
+    finally:
+        close_input(it)
 
 
 def _nbytes(element: Any) -> int:
@@ -446,7 +746,8 @@ class _ShardsDataset(Dataset):
         return len(self._shards)
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        return iter(self._shards)
+        shards = list(self._shards)
+        return ChunkIterator(lambda k: shards, 1, self._describe())
 
 
 def read_snapshot_metadata(committed: str) -> dict:

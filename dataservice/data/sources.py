@@ -16,7 +16,9 @@ Example::
 from __future__ import annotations
 
 import glob
+import itertools
 import math
+import operator
 import os
 import random
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -24,10 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from dataservice.data import structure
+from dataservice.data.checkpoint import ChunkIterator, NodeIterator, close_input, field
 from dataservice.data.dataset import Dataset, IteratorContext
 
 __all__ = ["SplittableSource", "RangeDataset", "TensorSlicesDataset", "TensorsDataset", "GeneratorDataset",
-           "ListFilesDataset", "FileListSource", "split_size_for", "MAX_SPLIT_ELEMENTS"]
+           "ListFilesDataset", "FileListSource", "ProvidedSplits", "split_size_for", "MAX_SPLIT_ELEMENTS"]
 
 #: Largest number of elements in one split of an indexed source.
 MAX_SPLIT_ELEMENTS = 4096
@@ -52,6 +55,100 @@ def split_size_for(num_elements: int) -> int:
     return size
 
 
+class ProvidedSplits:
+    """The elements of the splits a split provider hands out (distributed_epoch on a worker). Which splits
+    were read is the provider's to know (the service's dispatcher), not this iterator's: it has no
+    ``save`` (not a NodeIterator), so ``state_dict()`` says why
+    (``SplittableSource._not_checkpointable_reason``).
+
+    Example::
+
+        >>> ProvidedSplits(x for i in provider for x in source.read_split(i))
+    """
+
+    __slots__ = ("__next__", "_closing")
+
+    def __init__(self, elements: Iterator, closing: Optional[Iterator] = None):
+        self._closing = elements if closing is None else closing  # what close() closes
+        self.__next__ = elements.__next__
+
+    def __iter__(self) -> "ProvidedSplits":
+        return self
+
+    def close(self) -> None:
+        close_input(self._closing)
+
+
+class _SplitCursor:
+    __slots__ = ("split", "offset", "counter")
+
+    def __init__(self) -> None:
+        self.split = 0       # the split being read (or the next one to open)
+        self.offset = 0      # elements of it to pass over when it is opened
+        self.counter = None  # enumerate() over the open split: its count is the position in it
+
+
+_SEEKABLE = (type(iter([])), type(iter(())))
+_END = object()
+
+
+def _split_elements(source: "SplittableSource", cursor: _SplitCursor, where: str) -> Iterator:
+    count = source.num_source_splits()
+    take = operator.itemgetter(1)
+    while cursor.split < count:
+        items = source.read_split(cursor.split)
+        skip, cursor.offset = cursor.offset, 0
+        if skip:
+            left = operator.length_hint(items, -1) if type(items) in _SEEKABLE else -1
+            if 0 <= left < skip:
+                raise ValueError(f"the iterator state does not fit {where}: split {cursor.split} has {left} "
+                                 f"elements, fewer than the saved 'offset' {skip}")
+            if left >= 0:
+                items.__setstate__(skip)  # a list's iterator seeks
+            else:
+                for _ in range(skip):  # any other iterator: read again up to the position, within the split
+                    if next(items, _END) is _END:
+                        raise ValueError(f"the iterator state does not fit {where}: split {cursor.split} ended "
+                                         f"before the saved 'offset' {skip}")
+        cursor.counter = counter = enumerate(items, skip)
+        yield map(take, counter)  # in C: counting costs no Python step per element
+        cursor.counter = None
+        cursor.split += 1
+
+
+class _SplitsIterator(NodeIterator):
+    """Every split of a source in order. State: ``{"split": index, "offset": elements of it already
+    taken}``. Restoring opens that split and seeks its iterator when it is a list's (or a tuple's), else
+    reads the split again up to the offset: a source whose splits are large iterators of their own
+    (files, chunks) overrides ``_read_all`` with a reader that seeks."""
+
+    __slots__ = ("__next__", "_cursor", "_count", "_where", "_elements")
+
+    def __init__(self, source: "SplittableSource"):
+        self._cursor = _SplitCursor()
+        self._where = source._describe()
+        self._count = source.num_source_splits()
+        self._elements = _split_elements(source, self._cursor, self._where)
+        self.__next__ = itertools.chain.from_iterable(self._elements).__next__
+
+    def save(self) -> dict:
+        cursor = self._cursor
+        if cursor.counter is None:
+            return {"split": cursor.split, "offset": cursor.offset}
+        return {"split": cursor.split, "offset": cursor.counter.__reduce__()[1][1]}
+
+    def restore(self, state: Any) -> None:
+        split = field(state, "split", int, self._where)
+        offset = field(state, "offset", int, self._where)
+        if split > self._count or (split == self._count and offset):
+            raise ValueError(f"malformed iterator state for {self._where}: 'split' must be < {self._count} (its "
+                             f"number of splits), got {split} (offset {offset})")
+        self._cursor.split, self._cursor.offset = split, offset
+
+    def close(self) -> None:
+        self._elements.close()
+
+
 class SplittableSource(Dataset):
     """A source that can enumerate its splits and read any one of them."""
 
@@ -74,14 +171,22 @@ class SplittableSource(Dataset):
         return self._read_provided(ctx.split_provider)
 
     def _read_all(self) -> Iterator:
-        for i in range(self.num_source_splits()):
-            yield from self.read_split(i)
+        return _SplitsIterator(self)
 
     def _read_provided(self, provider: Iterator[int]) -> Iterator:
+        return ProvidedSplits(self._provided_elements(provider))
+
+    def _provided_elements(self, provider: Iterator[int]) -> Iterator:
         n = self.num_source_splits()
         for index in provider:
             # Under repeat() a provider numbers the splits of every epoch.
             yield from self.read_split(index % n if n else index)
+
+    def _not_checkpointable_reason(self) -> str:
+        # Only an iterator over provided splits has no save(): the others seek.
+        return ("it reads the splits a split provider hands out (distributed_epoch on a worker), whose position "
+                "the service's dispatcher keeps, not the iterator; checkpoint a local pipeline, or the "
+                "trainer's side of the service")
 
 
 def _range_argument(name: str, value: Any) -> int:
@@ -158,11 +263,12 @@ class RangeDataset(SplittableSource):
 
     def _read_all(self) -> Iterator:
         r = self._range
-        chunk = MAX_SPLIT_ELEMENTS * r.step
-        for start in range(r.start, r.stop, chunk):
-            stop = start + chunk
-            stop = min(stop, r.stop) if r.step > 0 else max(stop, r.stop)
-            yield from self._values(start, stop, r.step)
+
+        def chunk(k: int) -> list:
+            sub = r[k * MAX_SPLIT_ELEMENTS:(k + 1) * MAX_SPLIT_ELEMENTS]
+            return list(self._values(sub.start, sub.stop, sub.step))
+
+        return ChunkIterator(chunk, math.ceil(len(r) / MAX_SPLIT_ELEMENTS), self._describe())
 
 
 def _as_slices_leaf(value: Any) -> np.ndarray:
@@ -225,8 +331,11 @@ class TensorSlicesDataset(SplittableSource):
         return self._rows(start, min(start + self._split_size, self._length))
 
     def _read_all(self) -> Iterator:
-        for start in range(0, self._length, MAX_SPLIT_ELEMENTS):
-            yield from self._rows(start, min(start + MAX_SPLIT_ELEMENTS, self._length))
+        def chunk(k: int) -> list:
+            start = k * MAX_SPLIT_ELEMENTS
+            return list(self._rows(start, min(start + MAX_SPLIT_ELEMENTS, self._length)))
+
+        return ChunkIterator(chunk, math.ceil(self._length / MAX_SPLIT_ELEMENTS), self._op_name)
 
 
 class TensorsDataset(Dataset):
@@ -250,7 +359,8 @@ class TensorsDataset(Dataset):
                                  "Use from_tensor_slices for distributed_epoch.")
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        return iter((self._element,))
+        element = self._element
+        return ChunkIterator(lambda k: [element], 1, self._op_name)
 
 
 def _generator_args(args: Any) -> tuple:
@@ -301,6 +411,12 @@ class GeneratorDataset(Dataset):
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
         return map(structure.normalize, self._raw_elements(ctx))
+
+    def _not_checkpointable_reason(self) -> str:
+        # As tf.data, which refuses to save a from_generator iterator too.
+        return ("a Python generator's position cannot be saved (its frame is not data; tf.data refuses it "
+                "too). Build the source from data that can seek: Dataset.from_tensor_slices(values), "
+                "Dataset.range(n).map(make_element), or a file reader (TFRecordDataset, TextLineDataset)")
 
     def _raw_elements(self, ctx: IteratorContext) -> Iterator:
         """What the generator yields, as it is: a declaration (output_types, output_signature) converts it
@@ -400,12 +516,89 @@ class ListFilesDataset(SplittableSource):
     def read_split(self, index: int) -> Iterator:
         return iter((self._files[index],))
 
-    def _read_all(self) -> Iterator:
+    def _order(self, epoch: Optional[int], seed: Optional[int]) -> list:
         files = list(self._files)
         if self._shuffle:
-            epoch = self._epoch
-            self._epoch += 1
-            rng = random.Random(None if self._seed is None else (self._seed * 1_000_003 + epoch))
-            rng.shuffle(files)
-        return iter(files)
+            random.Random(seed if epoch is None else (self._seed * 1_000_003 + epoch)).shuffle(files)
+        return files
+
+    def _read_all(self) -> Iterator:
+        return _ListFilesIterator(self)
+
+
+class _ListFilesIterator(NodeIterator):
+    """The files of ``list_files`` in their order for this iterator. State: ``{"index": files already
+    taken}``, plus, when shuffled, the ``"epoch"`` whose order it is (seeded: each iterator, so each
+    repetition under ``repeat``, takes the node's next epoch) or the ``"seed"`` this iterator drew for its
+    order (unseeded). Restoring rebuilds that order and seeks into it; a seeded one also sets the node's
+    epoch counter past the saved epoch, so that the next repetition reshuffles as the original's would.
+
+    Example::
+
+        >>> it = iter(Dataset.list_files("/data/*.txt", shuffle=True, seed=3)); next(it)
+        >>> it.state_dict()["position"]
+        {'index': 1, 'epoch': 0}
+    """
+
+    __slots__ = ("__next__", "_node", "_at")
+
+    def __init__(self, node: ListFilesDataset):
+        self._node = node
+        self._at = at = _FilesCursor(len(node._files))
+        if node._shuffle:
+            if node._seed is None:
+                # Drawn now and saved: an unseeded order is random, yet restorable.
+                at.seed = random.SystemRandom().getrandbits(63)
+            else:
+                at.epoch = node._epoch
+                node._epoch += 1
+        self.__next__ = itertools.chain.from_iterable(_ordered_files(node, at)).__next__
+
+    def save(self) -> dict:
+        at = self._at
+        items = at.items
+        if items is None:
+            index = at.index
+        else:
+            reduced = items.__reduce__()
+            index = reduced[2] if len(reduced) > 2 else at.count
+        state: dict = {"index": index}
+        if at.epoch is not None:
+            state["epoch"] = at.epoch
+        if at.seed is not None:
+            state["seed"] = at.seed
+        return state
+
+    def restore(self, state: Any) -> None:
+        node, at = self._node, self._at
+        where = node._describe()
+        index = field(state, "index", int, where)
+        if index > at.count:
+            raise ValueError(f"malformed iterator state for {where}: 'index' must be <= {at.count} (the number "
+                             f"of files), got {index}")
+        if at.epoch is not None:
+            at.epoch = field(state, "epoch", int, where)
+            node._epoch = at.epoch + 1
+        elif at.seed is not None:
+            at.seed = field(state, "seed", int, where)
+        at.index = index
+
+
+class _FilesCursor:
+    __slots__ = ("count", "epoch", "seed", "index", "items")
+
+    def __init__(self, count: int):
+        self.count = count
+        self.epoch: Optional[int] = None  # the seeded order's epoch
+        self.seed: Optional[int] = None   # the unseeded order's seed
+        self.index = 0                    # where to start, once the order is made
+        self.items: Any = None            # the order's list iterator
+
+
+def _ordered_files(node: ListFilesDataset, at: _FilesCursor) -> Iterator:
+    # The order is made at the first element, after a restore chose it.
+    at.items = items = iter(node._order(at.epoch, at.seed))
+    if at.index:
+        items.__setstate__(at.index)
+    yield items
 

@@ -40,9 +40,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from dataservice.data import structure
+from dataservice.data.checkpoint import Follows
 from dataservice.data.dataset import Dataset, IteratorContext
 from dataservice.data import stats
 from dataservice.data.transformations import _OptionsDataset, _UnaryDataset
+from dataservice.data.transformations.common import later
 
 __all__ = ["TensorSpec", "DatasetSpec", "string", "as_dtype", "spec_from_value", "as_structure", "element_spec_of",
            "static_element_spec", "first_element", "relaxed", "traced_spec", "returned_dataset_spec",
@@ -730,7 +732,9 @@ class DeclaredSpecDataset(_UnaryDataset):
         return self._spec
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        return map(_conformer(self._spec, self._input._describe, self._verb), self._input._iterator(ctx))
+        it = self._input._iterator(ctx)
+        return Follows(map(_conformer(self._spec, self._input._describe, self._verb), later(it)), it,
+                       self._input)
 
 
 def declared(dataset: Dataset, output_signature: Any, verb: str = "returned") -> Dataset:
@@ -897,8 +901,9 @@ class _YieldedSpecDataset(DeclaredSpecDataset):
         # The generator's own values (its source's _raw_elements), not normalized ones: tf.data's rules
         # tell a Python int from a numpy one.
         raw = getattr(self._input, "_raw_elements", None)
-        return map(_generator_conformer(self._spec, self._input._describe, self._declared_by),
-                   raw(ctx) if raw is not None else self._input._iterator(ctx))
+        it = raw(ctx) if raw is not None else self._input._iterator(ctx)
+        return Follows(map(_generator_conformer(self._spec, self._input._describe, self._declared_by),
+                           later(it)), it, self._input)
 
 
 def with_generator_signature(dataset: Dataset, output_types: Any, output_shapes: Any,

@@ -40,6 +40,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from dataservice.data.checkpoint import Follows
 from dataservice.data.options import _OptionsGroup
 
 __all__ = ["StatsAggregator", "StatsOptions", "StatsSummary", "HistogramSummary", "Histogram", "element_bytes",
@@ -688,7 +689,13 @@ def _stand_in_class(cls: type) -> type:
         def _iterator(self, ctx):
             edge = object.__getattribute__(self, "_stats_edge")
             it = cls._iterator(self, ctx)
-            return it if edge.key is None else _latency(it, edge.aggregator, edge.key)
+            if edge.key is None:
+                return it
+            # The timing holds nothing between elements: the position is the node's own iterator's, which
+            # then saves and restores as it would untimed (the state is the same with or without timing).
+            from dataservice.data.transformations.common import later
+
+            return Follows(_latency(later(it), edge.aggregator, edge.key), it, self)
 
         def __reduce_ex__(self, protocol):
             # Pickled (a fingerprint, a snapshot's path) as the node it stands for, to the same bytes.

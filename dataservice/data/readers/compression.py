@@ -116,19 +116,52 @@ def _inflate(raw: Iterator[bytes], compression_type: str, out_limit: int, path: 
 
 
 def read_chunks(path: str, compression_type: str = "", buffer_size: int = DEFAULT_BUFFER_SIZE,
-                op_name: str = "reader") -> Iterator[bytes]:
-    """The bytes of ``path``, decompressed, as a sequence of non-empty chunks.
+                op_name: str = "reader", start: int = 0) -> Iterator[bytes]:
+    """The bytes of ``path``, decompressed, as a sequence of non-empty chunks, from byte ``start`` of the
+    (decompressed) stream on.
 
     The file is opened when iteration starts and closed when it ends (or when
     the iterator is closed). A missing file raises FileNotFoundError naming it
     and ``op_name``; a corrupted or truncated compressed stream DataLossError.
+    An uncompressed file is opened at ``start`` (a seek: nothing before it is
+    read); a compressed one is decompressed from its beginning and its first
+    ``start`` bytes dropped (a deflate stream cannot be entered in the middle),
+    and a stream shorter than ``start`` is a ValueError: a restored iterator's
+    state that does not fit the file.
+
+    Example::
+
+        >>> b"".join(read_chunks("/tmp/x.gz", "GZIP", start=2))
+        b'llo\\n'
     """
     with _open_input(path, op_name) as f:
-        raw = _raw_chunks(f, buffer_size)
         if not compression_type:
-            yield from raw
+            if start:
+                f.seek(start)
+            yield from _raw_chunks(f, buffer_size)
         else:
-            yield from _inflate(raw, compression_type, max(buffer_size, 1 << 16), path)
+            chunks = _inflate(_raw_chunks(f, buffer_size), compression_type, max(buffer_size, 1 << 16), path)
+            yield from (_dropping(chunks, start, path, op_name) if start else chunks)
+
+
+def _dropping(chunks: Iterator[bytes], count: int, path: str, op_name: str) -> Iterator[bytes]:
+    """``chunks`` without their first ``count`` bytes."""
+    left = count
+    for chunk in chunks:
+        if left >= len(chunk):
+            left -= len(chunk)
+            continue
+        if left:
+            chunk = chunk[left:]
+            left = 0
+        yield chunk
+        break
+    else:
+        if left:
+            raise ValueError(f"the iterator state does not fit {op_name}: {path} decompresses to "
+                             f"{count - left} bytes, fewer than the saved 'offset' {count}")
+        return
+    yield from chunks
 
 
 class CompressedOutput:

@@ -21,10 +21,10 @@ from typing import Any, Iterable, Iterator, Optional
 import numpy as np
 
 from dataservice.data.readers.compression import check_buffer_size, check_compression_type, read_chunks
-from dataservice.data.readers.file_source import BlockFileSource
+from dataservice.data.readers.file_source import BlockFileSource, StrideBlock
 from dataservice.errors import DataLossError, InvalidArgumentError
 
-__all__ = ["FixedLengthRecordDataset", "split_fixed_records"]
+__all__ = ["FixedLengthRecordDataset", "split_fixed_records", "fixed_blocks"]
 
 
 def _check_size(name: str, value: Any, minimum: int) -> int:
@@ -40,12 +40,25 @@ def _check_size(name: str, value: Any, minimum: int) -> int:
 def split_fixed_records(chunks: Iterable[bytes], path: str, record_bytes: int, header_bytes: int = 0,
                         footer_bytes: int = 0) -> Iterator[list[bytes]]:
     """The records in a stream of bytes, a list per chunk that completes at least one."""
-    to_skip = header_bytes
-    total = 0
+    return (block.elements for block in fixed_blocks(chunks, path, record_bytes, header_bytes, footer_bytes))
+
+
+def fixed_blocks(chunks: Iterable[bytes], path: str, record_bytes: int, header_bytes: int = 0,
+                 footer_bytes: int = 0, start: int = 0) -> Iterator[StrideBlock]:
+    """``split_fixed_records``'s lists as blocks that know their records' offsets in the stream, which
+    ``chunks`` enter at offset ``start``: 0, or where a record (or the footer) begins, past the header.
+
+    Example::
+
+        >>> [(b.elements, b.start, b.end) for b in fixed_blocks([b"HDRaabb"], "f", 2, header_bytes=3)]
+        [([b'aa', b'bb'], 3, 7)]
+    """
+    to_skip = header_bytes if not start else 0
+    total = start
     pieces: list[bytes] = []  # bytes not yet cut into records; the footer hides at their end
     have = 0
     want = record_bytes + footer_bytes
-    offset = header_bytes  # stream offset of the first byte in pieces
+    offset = max(start, header_bytes)  # stream offset of the first byte in pieces
     for chunk in chunks:
         total += len(chunk)
         if to_skip:
@@ -62,10 +75,11 @@ def split_fixed_records(chunks: Iterable[bytes], path: str, record_bytes: int, h
         # Keep footer_bytes back: the stream's last bytes are the footer, not records.
         end = (len(buf) - footer_bytes) // record_bytes * record_bytes
         records = [buf[i:i + record_bytes] for i in range(0, end, record_bytes)]
+        block = StrideBlock(records, offset, offset + end, record_bytes)
         offset += end
         have = len(buf) - end
         pieces = [buf[end:]] if have else []
-        yield records
+        yield block
     if to_skip or have < footer_bytes:
         raise DataLossError(
             f"{path} has {total} bytes, fewer than header_bytes ({header_bytes}) + footer_bytes ({footer_bytes})",
@@ -88,6 +102,15 @@ class FixedLengthRecordDataset(BlockFileSource):
     ``record_bytes`` >= 1; ``header_bytes`` and ``footer_bytes`` (>= 0) are
     skipped at the start and end of every file. ``compression_type``: None or
     "" (plain), "GZIP" or "ZLIB"; the sizes count uncompressed bytes.
+
+    Its iterator's state is the file and the byte offset of the next record,
+    as TFRecordDataset's (a compressed file is decompressed again up to it).
+
+    Example::
+
+        >>> it = iter(FixedLengthRecordDataset("/tmp/r.bin", 2, header_bytes=3)); next(it)
+        >>> it.state_dict()["position"]
+        {'file': 0, 'offset': 5}
     """
 
     _op_name = "FixedLengthRecordDataset"
@@ -123,11 +146,16 @@ class FixedLengthRecordDataset(BlockFileSource):
                 f"bytes) and footer ({self._footer_bytes} bytes), the file has a body of {body} bytes, not a "
                 f"multiple of record_bytes ({self._record_bytes})", path, offset)
 
-    def _read_blocks(self, path: str) -> Iterator[list[bytes]]:
+    def _blocks(self, path: str, start: int) -> Iterator[StrideBlock]:
         if not self._compression_type:
             self._check_body_size(path)
-        chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name)
-        yield from split_fixed_records(chunks, path, self._record_bytes, self._header_bytes, self._footer_bytes)
+        chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name, start)
+        yield from fixed_blocks(chunks, path, self._record_bytes, self._header_bytes, self._footer_bytes, start)
+
+    def _check_offset(self, path: str, offset: int, where: str) -> None:
+        if offset < self._header_bytes or (offset - self._header_bytes) % self._record_bytes:
+            raise ValueError(f"malformed iterator state for {where}: 'offset' {offset} is not where a record of "
+                             f"{path} begins (header_bytes={self._header_bytes}, record_bytes={self._record_bytes})")
 
     def _element_spec(self) -> Any:
         from dataservice.data import specs

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import sqlite3
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.dataset import Dataset, IteratorContext
 from dataservice.errors import NotSplittableError
 
@@ -137,10 +139,14 @@ class SqlDataset(Dataset):
             return exc
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
-        return self._rows()
+        return _SqlRows(self)
 
-    def _rows(self) -> Iterator:
+    def _batches(self, at: "_RowCursor") -> Iterator:
+        """The list iterators of the converted rows, a fetch at a time (``chain`` flattens them), from row
+        ``at.rows`` on."""
         converters = [_converter(t) for t in self._output_types]
+        single = self._single
+        convert = converters[0]
         connection = self._connect()
         try:
             try:
@@ -152,6 +158,21 @@ class SqlDataset(Dataset):
                 raise ValueError(
                     f"{self._op_name}: the query returns {len(columns)} columns but output_types has "
                     f"{len(converters)} types; query: {self._query!r}")
+            skip = at.rows
+            while skip:
+                # Passed over as SQLite hands them out, not converted. Not "LIMIT -1 OFFSET n" around the
+                # query: SQLite computes the rows an OFFSET drops anyway, so it would save nothing, and
+                # wrapping the query in a subquery may change its plan, and so the order of rows of a query
+                # without ORDER BY, or fail for one that is not a plain SELECT.
+                try:
+                    rows = cursor.fetchmany(min(skip, _FETCH_ROWS))
+                except sqlite3.Error as exc:
+                    raise self._query_error(exc) from exc
+                if not rows:
+                    raise ValueError(f"the iterator state does not fit {self._describe()}: the query returned "
+                                     f"{at.rows - skip} rows, fewer than the saved 'rows' {at.rows} (did the "
+                                     "database change?)")
+                skip -= len(rows)
             while True:
                 try:
                     rows = cursor.fetchmany(_FETCH_ROWS)
@@ -159,15 +180,20 @@ class SqlDataset(Dataset):
                     raise self._query_error(exc) from exc
                 if not rows:
                     return
-                for row in rows:
-                    try:
-                        if self._single:
-                            element = converters[0](row[0])
-                        else:
-                            element = tuple([convert(value) for convert, value in zip(converters, row)])
-                    except (ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
-                        raise self._conversion_error(row, columns, converters, exc) from exc
-                    yield element
+                elements: list = []
+                append = elements.append
+                try:
+                    if single:
+                        for row in rows:
+                            append(convert(row[0]))
+                    else:
+                        for row in rows:
+                            append(tuple([c(value) for c, value in zip(converters, row)]))
+                except (ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
+                    # The rows before the bad one still come out, then the error.
+                    yield at.enter(elements)
+                    raise self._conversion_error(rows[len(elements)], columns, converters, exc) from exc
+                yield at.enter(elements)
         finally:
             connection.close()
 
@@ -179,3 +205,57 @@ class SqlDataset(Dataset):
                 return ValueError(f"{self._op_name}: cannot convert column {column!r} value {value!r} to "
                                   f"{getattr(output_type, '__name__', output_type)}: {exc}")
         return ValueError(f"{self._op_name}: cannot convert row {row!r}: {exc}")
+
+
+class _RowCursor:
+    __slots__ = ("rows", "items", "count")
+
+    def __init__(self) -> None:
+        self.rows = 0  # rows before the current batch (or to pass over, before the first)
+        self.items: Any = None  # the current batch's list iterator
+        self.count = 0  # its length
+
+    def enter(self, elements: list) -> Any:
+        if self.items is not None:
+            self.rows += self.count
+        self.count = len(elements)
+        self.items = items = iter(elements)
+        return items
+
+    def position(self) -> int:
+        items = self.items
+        if items is None:
+            return self.rows
+        reduced = items.__reduce__()
+        return self.rows + (reduced[2] if len(reduced) > 2 else self.count)
+
+
+class _SqlRows(NodeIterator):
+    """The query's rows. State: ``{"rows": rows taken}``. Restoring runs the query again and passes over
+    that many rows as SQLite returns them, without converting them (see ``SqlDataset._batches`` for why not
+    an OFFSET); it assumes the database and the order of the query's rows did not change since.
+
+    Example::
+
+        >>> it = iter(SqlDataset("sqlite", "/tmp/people.db", "SELECT age FROM people", np.int32)); next(it)
+        >>> it.state_dict()["position"]
+        {'rows': 1}
+    """
+
+    __slots__ = ("__next__", "_node", "_at", "_batches")
+
+    def __init__(self, node: SqlDataset):
+        self._node = node
+        self._at = _RowCursor()
+        # Nothing runs (no connection) before the first element.
+        self._batches = node._batches(self._at)
+        self.__next__ = itertools.chain.from_iterable(self._batches).__next__
+
+    def save(self) -> dict:
+        return {"rows": self._at.position()}
+
+    def restore(self, state: Any) -> None:
+        self._at.rows = field(state, "rows", int, self._node._describe())
+
+    def close(self) -> None:
+        self._batches.close()

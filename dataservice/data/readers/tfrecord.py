@@ -31,10 +31,11 @@ from crc32c import crc32c
 
 from dataservice.data.readers.compression import (check_buffer_size, check_compression_type, open_output,
                                                   read_chunks)
-from dataservice.data.readers.file_source import BlockFileSource
+from dataservice.data.readers.file_source import BlockFileSource, SizedBlock
 from dataservice.errors import DataLossError
 
-__all__ = ["TFRecordDataset", "TFRecordWriter", "corrupted_record", "mask_crc", "masked_crc32c"]
+__all__ = ["TFRecordDataset", "TFRecordWriter", "corrupted_record", "mask_crc", "masked_crc32c", "parse_records",
+           "record_blocks"]
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -85,12 +86,24 @@ def parse_records(chunks: Iterable[bytes], path: str) -> Iterator[list[bytes]]:
     Parses whole buffers in one loop: no read call per record. A record larger
     than a chunk gathers chunks until complete, joined once.
     """
+    return (block.elements for block in record_blocks(chunks, path))
+
+
+def record_blocks(chunks: Iterable[bytes], path: str, start: int = 0) -> Iterator[SizedBlock]:
+    """``parse_records``'s lists as ``SizedBlock``s that know their records' offsets in the stream, which
+    ``chunks`` enter at offset ``start`` (where a record begins).
+
+    Example::
+
+        >>> [(b.elements, b.start, b.end) for b in record_blocks([open(p, "rb").read()], p)]
+        [([b'first', b'second'], 0, 43)]
+    """
     verified: dict = {}
     get_verified = verified.get
     pieces: list[bytes] = []  # unparsed bytes, joined only once there is a record to parse
     have = 0                  # their total length
     want = _HEADER            # bytes needed to parse the next record
-    offset = 0                # stream offset of the first unparsed byte
+    offset = start            # stream offset of the first unparsed byte
     for chunk in chunks:
         pieces.append(chunk)
         have += len(chunk)
@@ -123,13 +136,15 @@ def parse_records(chunks: Iterable[bytes], path: str) -> Iterator[list[bytes]]:
         except DataLossError:
             # Records before the bad one still come out, as from TensorFlow.
             if records:
-                yield records
+                yield SizedBlock(records, offset, offset + pos, _HEADER + _FOOTER)
             raise
+        if records:
+            block = SizedBlock(records, offset, offset + pos, _HEADER + _FOOTER)
         offset += pos
         have = n - pos
         pieces = [buf[pos:]] if have else []
         if records:
-            yield records
+            yield block
     if have:
         what = "header" if want == _HEADER else f"record of {want} bytes"
         raise corrupted_record(path, offset, f"truncated record: the file ends {have} bytes into a {what}")
@@ -143,6 +158,17 @@ class TFRecordDataset(BlockFileSource):
     ``num_parallel_reads``: None reads the files in order; n (or AUTOTUNE)
     reads n files at once and interleaves their records one by one, in a
     deterministic order, as ``tf.data`` does.
+
+    Its iterator's state is each open file's index and the byte offset of its
+    next record; restoring seeks there (see ``file_source``). In a compressed
+    file the offset counts uncompressed bytes: the file is decompressed again
+    up to it on restore (not parsed), since deflate cannot be entered mid-stream.
+
+    Example::
+
+        >>> it = iter(TFRecordDataset(["/tmp/a.tfrecord"])); next(it)
+        >>> it.state_dict()["position"]
+        {'file': 0, 'offset': 21}
     """
 
     _op_name = "TFRecordDataset"
@@ -153,9 +179,9 @@ class TFRecordDataset(BlockFileSource):
         self._compression_type = check_compression_type(compression_type)
         self._buffer_size = check_buffer_size(buffer_size)
 
-    def _read_blocks(self, path: str) -> Iterator[list[bytes]]:
-        chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name)
-        return parse_records(chunks, path)
+    def _blocks(self, path: str, start: int) -> Iterator[SizedBlock]:
+        chunks = read_chunks(path, self._compression_type, self._buffer_size, self._op_name, start)
+        return record_blocks(chunks, path, start)
 
     def _element_spec(self) -> Any:
         from dataservice.data import specs
