@@ -143,7 +143,7 @@ def test_prefetch_state_is_small_and_restore_reads_ahead_a_bounded_amount():
     again.load_state_dict(state)
     assert int(next(again)) == 10_000
     again.close()
-    assert len(calls) <= 64 + 8 + 2  # the Rewind's interval, the buffer and the element: not 10,000
+    assert len(calls) <= 64 + 8 + 2  # the marks' interval, the buffer and the element: not 10,000
 
 
 # --- interleave and flat_map ----------------------------------------------------------------------------
@@ -406,7 +406,7 @@ def test_malformed_positions_are_value_errors_naming_the_field(make, key, value,
 
 
 def test_read_ahead_records_of_a_costly_input_state_are_paced():
-    # A shuffle's state holds its buffer (encoded): recorded every 64 reads by the prefetch's Rewind, it
+    # A shuffle's state holds its buffer (encoded): recorded every 64 reads by the prefetch's marks, it
     # would cost more than the reading; paced, its records are few, and the resumption is still exact.
     from dataservice.data.transformations import reordering
 
@@ -431,7 +431,7 @@ def test_read_ahead_records_of_a_costly_input_state_are_paced():
 
 
 def test_read_ahead_records_do_not_pile_up_when_no_state_is_asked_for():
-    # The Rewind's records behind what the consumer took are dropped as it goes, not only by save().
+    # The marks behind what the consumer took are dropped as it goes, not only by save().
     it = iter(Dataset.range(10**6).prefetch(8))
     for _ in range(200_000):
         next(it)

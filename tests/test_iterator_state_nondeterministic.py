@@ -1,6 +1,6 @@
 """Saving and resuming read-ahead nodes over inputs that do not read again alike: a parallel map or
 interleave with deterministic=False upstream gives other elements, in another order, when read again from
-a recorded state, so a prefetch or an interleave there cannot restore by replaying (``checkpoint.Rewind``).
+a recorded state, so a prefetch or an interleave there cannot restore by replaying (``checkpoint.Marks``).
 Instead a prefetch saves its input's position and the elements it read ahead, an interleave the element
 that opened each slot, and a parallel interleave's slot over such a dataset its position and what its
 pump read ahead. Each must resume exactly once, as a multiset. The harness is tests/checkpoints.py.

@@ -3,8 +3,8 @@
 The thread holds no reference to the consumer, so an abandoned consumer is
 garbage collected, its ``close()`` stops the thread, and nothing leaks.
 ``InputPosition`` is the position a read-ahead consumer saves of its input (see
-``checkpoint.Rewind``): one that cannot be saved must not stop the reading;
-``PacedRewind`` records it as often as that is cheap. An input that does not read
+``checkpoint.Marks``): one that cannot be saved must not stop the reading;
+``Marks`` records it as often as that is cheap. An input that does not read
 again alike (``transformations.common.replays``) is read under a lock instead
 (``lock=``, or ``Pump.Locked`` as its first item): a consumer that takes it
 holds the thread between two elements, to save the input's position and the
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
-from dataservice.data.checkpoint import Rewind, save_input
+from dataservice.data.checkpoint import Marks, Pace, save_input
 from dataservice.errors import NotCheckpointableError
 
-__all__ = ["Pump", "InputPosition", "UNSAVED", "direct_iterator", "Pace", "PacedRewind"]
+__all__ = ["Pump", "InputPosition", "UNSAVED", "direct_iterator", "Pace"]
 
 
 class _Failure:
@@ -46,7 +45,7 @@ class _Locked:
 
 class Pump:
     """Runs ``iterator`` on a daemon thread, buffering up to ``capacity`` elements. ``rewind``, when given
-    (a ``PacedRewind`` over ``iterator``'s position), is told of the thread's reads: it records the input's
+    (``checkpoint.Marks`` over ``iterator``'s position), is told of the thread's reads: it records the input's
     state on that thread when its pace says so. Its first record (before the first read) is the consumer's
     to make, before starting the pump: a ``save()`` may come before the thread has read anything.
 
@@ -69,7 +68,7 @@ class Pump:
     Locked = _Locked
 
     def __init__(self, iterator: Iterator, capacity: int, on_ready: Optional[Callable[[], None]] = None,
-                 name: str = "dataservice-prefetch", rewind: Optional["PacedRewind"] = None,
+                 name: str = "dataservice-prefetch", rewind: Optional[Marks] = None,
                  lock: Any = None):
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, capacity))
         self._stop = threading.Event()
@@ -91,7 +90,7 @@ class Pump:
             return True
         return False
 
-    def _run(self, iterator: Iterator, rewind: Optional["PacedRewind"], lock: Any) -> None:
+    def _run(self, iterator: Iterator, rewind: Optional[Marks], lock: Any) -> None:
         try:
             if lock is not None:
                 if not self._run_locked(iterator, lock):
@@ -112,7 +111,7 @@ class Pump:
             else:
                 # Reads counted here, the rewind called only at its records: no call per element.
                 step = iterator.__next__
-                n, record = 1, rewind.next_record
+                n, record = 1, rewind.next
                 while True:
                     try:
                         item = step()
@@ -121,8 +120,8 @@ class Pump:
                     if not self._put(item):
                         return
                     if n >= record:
-                        rewind.record(n)
-                        record = rewind.next_record
+                        rewind.mark(n)
+                        record = rewind.next
                     n += 1
             self._put(Pump.END)
         except BaseException as exc:  # handed to the consumer, raised there
@@ -230,7 +229,7 @@ UNSAVED = object()
 
 class InputPosition:
     """An input iterator's position, as a read-ahead consumer records it while it reads (give it to a
-    ``Rewind`` as its input, or call ``save()`` before reading the element that opens an interleave's
+    ``Marks`` as its input, or call ``save()`` before reading the element that opens an interleave's
     slot): ``save()`` returns ``save_input``'s state, or ``UNSAVED`` for an input that cannot save its own
     (``from_generator``; or whose ``save`` failed), so that a pipeline nobody checkpoints reads on;
     ``check(state)`` raises that input's error for a state that holds ``UNSAVED``, when the consumer is
@@ -239,8 +238,8 @@ class InputPosition:
     Example::
 
         >>> position = InputPosition(it, node)
-        >>> rewind = Rewind(position, node)          # its records hold UNSAVED for such an input
-        >>> position.check(rewind.save()["input"])   # NotCheckpointableError naming it, if so
+        >>> marks = Marks(position, node)            # its records hold UNSAVED for such an input
+        >>> position.check(marks.save()["input"])    # NotCheckpointableError naming it, if so
     """
 
     __slots__ = ("_input", "_node", "error")
@@ -284,75 +283,3 @@ def direct_iterator(it: Iterator) -> Iterator:
     if owner is not None and owner is not it and getattr(owner, "__next__", None) == step and iter(owner) is owner:
         return owner
     return it
-
-
-class Pace:
-    """When a reader records its input's state (a ``Rewind``'s marks, an interleave's slot openings): at
-    read ``next``, then every ``interval`` reads, the interval growing so that recording costs at most
-    ``BUDGET`` of the time the reads take. A position is cheap to save (a few hundred ns), but the state of
-    a buffering node upstream (a shuffle's buffer, encoded) may cost milliseconds: recorded every 64
-    reads, it would cost more than the reading; paced, it costs 2%, and a restore replays at most
-    ``interval`` reads, whose time is at most 1/BUDGET times one record's.
-
-    Example::
-
-        >>> pace = Pace(64)
-        >>> if n >= pace.next: start = perf_counter(); record(); pace.recorded(n, start, perf_counter())
-    """
-
-    BUDGET = 0.02
-    #: However costly a record, a restore replays at most this many reads.
-    MAXIMUM = 1 << 20
-
-    __slots__ = ("next", "interval", "_minimum", "_since", "_at")
-
-    def __init__(self, minimum: int):
-        self._minimum = self.interval = max(1, minimum)
-        self.next = 0
-        self._since = 0.0  # when the last record ended
-        self._at = 0       # at which read
-
-    def recorded(self, n: int, start: float, end: float) -> None:
-        """A record was made before read ``n``, from ``start`` to ``end`` (``time.perf_counter``)."""
-        if n > self._at:
-            per_read = (start - self._since) / (n - self._at)
-            wanted = (end - start) / (self.BUDGET * per_read) if per_read > 0 else self.MAXIMUM
-            self.interval = min(self.MAXIMUM, max(self._minimum, int(wanted)))
-        self._since, self._at = end, n
-        self.next = n + self.interval
-
-
-class PacedRewind(Rewind):
-    """A ``Rewind`` whose records are paced by what they cost (``Pace``): every ``every`` reads while the
-    input's state is cheap to save, less often when it is not. A reader that counts its reads itself calls
-    ``record(n)`` when ``n`` reaches ``next_record`` instead of ``read()`` before each.
-
-    Example::
-
-        >>> rewind = PacedRewind(InputPosition(it, node), node, every=64)
-    """
-
-    __slots__ = ("_pace",)
-
-    def __init__(self, input_iterator: Iterator, node: Any, every: int = 64, base: Optional[tuple] = None):
-        super().__init__(input_iterator, node, every=1, base=base)  # Rewind.read records: the pace says when
-        self._pace = Pace(every)
-
-    @property
-    def next_record(self) -> int:
-        """The read before which the next record is due (reads counted from 0)."""
-        return self._pace.next
-
-    def read(self) -> None:
-        n = self._read
-        if n < self._pace.next:
-            self._read = n + 1
-            return
-        self.record(n)
-
-    def record(self, n: int) -> None:
-        """Records the input's state before read ``n`` (the reads before it done)."""
-        start = perf_counter()
-        self._read = n
-        Rewind.read(self)
-        self._pace.recorded(n, start, perf_counter())

@@ -50,8 +50,8 @@ from itertools import islice
 from time import perf_counter
 from typing import Any, Iterator, Optional
 
-from dataservice.data.background import Pace
 from dataservice.data.checkpoint import (
+    Pace,
     NodeIterator,
     close_input,
     field,

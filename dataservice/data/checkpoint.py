@@ -17,7 +17,7 @@ Rules for an iterator class (subclass ``NodeIterator``):
 - Constructing it reads nothing and starts no thread: ``restore`` may come before the first ``__next__``.
 - ``save()`` is called between two ``__next__`` calls, on the consumer's thread; it must not change what
   comes next. A node that reads ahead (prefetch, parallel map and interleave) saves the position of what
-  its consumer took, not of what it read: see ``Rewind``.
+  its consumer took, not of what it read: see ``Marks``.
 - ``restore(state)`` validates what it reads (``field``) so that a malformed state is a ``ValueError``
   naming what is wrong, never a crash later.
 
@@ -42,6 +42,7 @@ import threading
 import types
 import weakref
 from collections import deque
+from time import perf_counter
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -49,7 +50,7 @@ import numpy as np
 from dataservice.errors import NotCheckpointableError
 
 __all__ = ["FORMAT", "VERSION", "NodeIterator", "save_input", "restore_input", "field", "encode_elements",
-           "decode_elements", "pipeline_fingerprint", "Rewind", "skip_elements"]
+           "decode_elements", "pipeline_fingerprint", "Marks", "Pace", "skip_elements"]
 
 FORMAT = "dataservice.iterator"
 VERSION = 1
@@ -171,77 +172,121 @@ def decode_elements(text: Any, where: str) -> list:
 
 # --- read-ahead: the position of what the consumer took, not of what was read ------------------------------
 
-class Rewind:
-    """The position of an input that is read ahead of its consumer (prefetch, parallel map, interleave).
-
-    The reading side calls ``read()`` before it takes each element from the input (on its own thread, if
-    it has one); every ``every`` elements that records the input's state. The consuming side calls
-    ``taken()`` for each element it takes. ``save()`` is then a recorded state and how many elements to skip
-    after restoring it: at most ``every`` plus what was read ahead are read again on restore (not taken
-    again), and the input's ``save()`` runs once per ``every`` elements, not per element.
+class Pace:
+    """When a reader records its input's state (``Marks``, an interleave's slot openings): at read ``next``,
+    then every ``interval`` reads, the interval growing so that recording costs at most ``BUDGET`` of the
+    time the reads take. A position is cheap to save (a few hundred ns), but the state of a buffering node
+    upstream (a shuffle's buffer, encoded) may cost milliseconds: recorded every 64 reads, it would cost more
+    than the reading; paced, it costs 2%, and a restore replays at most ``interval`` reads, whose time is at
+    most 1/BUDGET times one record's.
 
     Example::
 
-        >>> rewind = Rewind(source_iterator, node, every=64)
-        >>> rewind.read(); x = next(source_iterator)      # the reader
-        >>> rewind.taken()                                 # the consumer, when x reaches it
-        >>> rewind.save()                                  # {"input": ..., "skip": 0}
+        >>> pace = Pace(64)
+        >>> if n >= pace.next: start = perf_counter(); record(); pace.recorded(n, start, perf_counter())
     """
 
-    __slots__ = ("_input", "_node", "_every", "_read", "_taken", "_marks", "_base", "_lock")
+    BUDGET = 0.02
+    #: However costly a record, a restore replays at most this many reads.
+    MAXIMUM = 1 << 20
+
+    __slots__ = ("next", "interval", "_minimum", "_since", "_at")
+
+    def __init__(self, minimum: int):
+        self._minimum = self.interval = max(1, minimum)
+        self.next = 0
+        self._since = 0.0  # when the last record ended
+        self._at = 0       # at which read
+
+    def recorded(self, n: int, start: float, end: float) -> None:
+        """A record was made before read ``n``, from ``start`` to ``end`` (``time.perf_counter``)."""
+        if n > self._at:
+            per_read = (start - self._since) / (n - self._at)
+            wanted = (end - start) / (self.BUDGET * per_read) if per_read > 0 else self.MAXIMUM
+            self.interval = min(self.MAXIMUM, max(self._minimum, int(wanted)))
+        self._since, self._at = end, n
+        self.next = n + self.interval
+
+
+class Marks:
+    """The position of an input that is read ahead of its consumer (prefetch, a parallel map or interleave,
+    unbatch, window, a memory cache): records ("marks") of the input's state, and what the consumer took.
+
+    The reader calls ``mark(n)`` before it reads element ``n`` of the input (counted from 0) whenever
+    ``n >= marks.next``, on its own thread if it has one: no call per element. The consumer adds what it
+    took to ``taken``. ``save()`` is then ``{"input": a recorded state, "skip": elements to drop after
+    restoring it}``: a restore reads again at most one interval plus what was read ahead, and drops it.
+    Marks are paced by their cost (``Pace``): every ``every`` reads while the input's state is cheap to
+    save, less often when it is not (a shuffle's buffer). The marks behind what the consumer took are
+    dropped at each mark, so a reader nobody checkpoints keeps few. An input that cannot save its position
+    is read all the same: ``save()`` raises its error.
+
+    Example::
+
+        >>> marks = Marks(source_iterator, node._input, every=64)
+        >>> for n in itertools.count():                    # the reader
+        ...     if n >= marks.next: marks.mark(n)
+        ...     x = next(source_iterator); ...
+        >>> marks.taken += 1                               # the consumer, when x reaches it
+        >>> marks.save()                                   # {"input": ..., "skip": 1}
+    """
+
+    __slots__ = ("taken", "next", "_input", "_node", "_marks", "_base", "_error", "_pace", "_lock")
 
     def __init__(self, input_iterator: Iterator, node: Any, every: int = 64,
                  base: Optional[tuple[Any, int]] = None):
+        self.taken = 0
+        self._pace = Pace(every)
+        self.next = self._pace.next
         self._input = input_iterator
         self._node = node
-        self._every = max(1, every)
-        self._read = 0
-        self._taken = 0
-        # (elements read before the mark, the input's state then), oldest first; the first is the restored
-        # (or initial) position, taken lazily on the first read.
+        # (elements read before it, the input's state then, elements to drop after that state), oldest first.
         self._marks: deque = deque()
-        # A restored position: the state, and how many elements after it were skipped already.
-        self._base = base
-        self._lock = threading.Lock()
+        self._base = base  # restored: (the state, the elements after it to drop)
+        self._error: Optional[str] = None
+        self._lock = threading.Lock()  # the reader marks on its thread, the consumer saves on its own
 
-    def read(self) -> None:
-        """Before the reader takes the next element of the input."""
-        n = self._read
-        if n % self._every == 0:
-            if n == 0 and self._base is not None:
-                mark = (0, self._base[0], self._base[1])
-            else:
+    def mark(self, n: int) -> None:
+        """Records the input's state before read ``n`` (the reads before it done)."""
+        start = perf_counter()
+        mark = None
+        if n == 0 and self._base is not None:
+            mark = (0, self._base[0], self._base[1])
+        elif self._error is None:
+            try:
                 mark = (n, save_input(self._input, self._node), 0)
-            with self._lock:  # the consumer's save() prunes too
-                self._prune()  # so that an iterator never saved keeps a bounded number of marks
+            except NotCheckpointableError as exc:
+                self._error = str(exc)
+        if mark is not None:
+            with self._lock:
+                self._prune()
                 self._marks.append(mark)
-        self._read = n + 1
+        self._pace.recorded(n, start, perf_counter())
+        self.next = self._pace.next if self._error is None else 1 << 62
 
     def _prune(self) -> None:
         """Drops the marks the consumer is past (the newest at or before it is kept); under the lock."""
-        taken, marks = self._taken, self._marks
+        taken, marks = self.taken, self._marks
         while len(marks) > 1 and marks[1][0] <= taken:
             marks.popleft()
 
-    def taken(self, count: int = 1) -> None:
-        """The consumer took ``count`` more elements."""
-        self._taken += count
-
     def save(self) -> dict:
+        if self._error is not None:
+            raise NotCheckpointableError(self._error)
         with self._lock:
-            taken = self._taken
+            taken = self.taken
             self._prune()
-            marks = [self._marks[0]] if self._marks else []
-        if not marks:  # nothing read yet
+            first = self._marks[0] if self._marks else None
+        if first is None:  # nothing read yet
             if self._base is not None:
                 return {"input": self._base[0], "skip": self._base[1]}
             return {"input": save_input(self._input, self._node), "skip": 0}
-        at, state, skipped = marks[0]
+        at, state, skipped = first
         return {"input": state, "skip": skipped + taken - at}
 
 
 def skip_elements(it: Iterator, count: int, where: str) -> None:
-    """Reads and drops ``count`` elements of ``it`` (restoring a read-ahead node: see ``Rewind``)."""
+    """Reads and drops ``count`` elements of ``it`` (restoring a read-ahead node: see ``Marks``)."""
     for _ in range(count):
         try:
             next(it)
@@ -251,7 +296,7 @@ def skip_elements(it: Iterator, count: int, where: str) -> None:
 
 
 def restore_rewind(it: Iterator, node: Any, state: Any, where: str) -> tuple[Any, int]:
-    """Restores ``it`` at a ``Rewind.save()``'s recorded state; returns (that state, elements still to skip)."""
+    """Restores ``it`` at a ``Marks.save()``'s recorded state; returns (that state, elements still to skip)."""
     inner = field(state, "input", (dict, list, int, str, type(None)), where)
     skip = field(state, "skip", int, where)
     restore_input(it, node, inner)

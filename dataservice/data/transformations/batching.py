@@ -25,9 +25,9 @@ from dataservice.data.dataset import (
     Dataset,
     IteratorContext,
 )
+from dataservice.data.checkpoint import Marks
 from dataservice.data.transformations.common import (
     STATE,
-    Marks,
     _check_count,
     _spec_of,
     _static_spec,

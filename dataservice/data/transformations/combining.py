@@ -12,10 +12,11 @@ from time import perf_counter
 from typing import Any, Callable, Iterator, Optional
 
 from dataservice.data import structure
-from dataservice.data.background import InputPosition, PacedRewind, Pace, Pump, direct_iterator
+from dataservice.data.background import InputPosition, Pump, direct_iterator
 from dataservice.data.checkpoint import (
     NodeIterator,
-    Rewind,
+    Marks,
+    Pace,
     close_input,
     decode_elements,
     encode_elements,
@@ -397,7 +398,7 @@ class _InterleaveIterator(NodeIterator):
 
 class _KeptSlot:
     """A parallel interleave's slot whose dataset does not read again alike (``replays``: e.g. the function
-    returns a map with deterministic=False), which a ``Rewind`` cannot seek: its pump reads under ``lock``
+    returns a map with deterministic=False), which a ``Marks`` cannot seek: its pump reads under ``lock``
     (``Pump.Locked``), so that the consumer sees, at one cut, the slot iterator's position and what was read
     ahead of the consumer (``pending``: restored elements not yet read by the pump; then the pump's queue)."""
 
@@ -412,18 +413,18 @@ class _KeptSlot:
 
 class _Slot:
     """An open slot of a parallel interleave: its pump, and what its reader thread publishes for ``save()``
-    (the ``Rewind`` over the slot's iterator, once opened; or a ``_KeptSlot``). ``restored``: the slot's
+    (the ``Marks`` over the slot's iterator, once opened; or a ``_KeptSlot``). ``restored``: the slot's
     saved state, until its thread has restored it."""
 
     __slots__ = ("pump", "rewind", "position", "kept", "restored", "taken", "told", "failed")
 
     def __init__(self, restored: Any = None):
         self.pump: Optional[Pump] = None
-        self.rewind: Optional[Rewind] = None
+        self.rewind: Optional[Marks] = None
         self.position: Optional[InputPosition] = None
         self.kept: Optional[_KeptSlot] = None
         self.restored = restored
-        self.taken = 0  # elements the consumer took; told to the Rewind when a state is asked for
+        self.taken = 0  # elements the consumer took; told to the Marks when a state is asked for
         self.told = 0
         self.failed = False  # reading the input raised: the pump re-raises it at the slot's turn
 
@@ -449,19 +450,19 @@ class _Slot:
         return {"input": inner, "buffer": encode_elements(ahead)}
 
     def rewind_state(self) -> Optional[dict]:
-        """The Rewind's state, told what the consumer took (which drops its records behind that)."""
+        """The Marks's state, told what the consumer took (which drops its records behind that)."""
         rewind = self.rewind
         if rewind is None:  # a kept slot, or not opened yet
             return None
         if self.taken != self.told:
-            rewind.taken(self.taken - self.told)
+            rewind.taken += self.taken - self.told
             self.told = self.taken
         return rewind.save()
 
 
 def _read_slot(node: InterleaveDataset, x: Any, ctx: IteratorContext, slot: _Slot) -> Iterator:
     """A slot's elements, on its pump's thread: the function runs there too (in parallel), and its error
-    reaches the consumer at the slot's turn. A restored slot seeks, then skips what its ``Rewind`` says; one
+    reaches the consumer at the slot's turn. A restored slot seeks, then skips what its ``Marks`` says; one
     whose dataset does not read again alike is read under a lock instead (``_KeptSlot``)."""
     ds, it = node._open(x, ctx)
     try:
@@ -474,12 +475,12 @@ def _read_slot(node: InterleaveDataset, x: Any, ctx: IteratorContext, slot: _Slo
             base = restore_rewind(it, ds, slot.restored, where)
             skip_elements(it, base[1], where)
         position = InputPosition(it, ds)
-        rewind = PacedRewind(position, ds, base=base)
-        rewind.read()  # the first record, before save() can see the Rewind
+        rewind = Marks(position, ds, 64, base=base)
+        rewind.mark(0)  # the first record, before save() can see the Marks
         slot.position = position
         slot.rewind = rewind
         step = it.__next__
-        n, record = 1, rewind.next_record
+        n, record = 1, rewind.next
         while True:
             try:
                 y = step()
@@ -487,8 +488,8 @@ def _read_slot(node: InterleaveDataset, x: Any, ctx: IteratorContext, slot: _Slo
                 return
             yield y
             if n >= record:
-                rewind.record(n)
-                record = rewind.next_record
+                rewind.mark(n)
+                record = rewind.next
             n += 1
     finally:
         close_input(it)
@@ -520,7 +521,7 @@ class _ParallelInterleaveIterator(_InterleaveState, NodeIterator):
     interleave: a pump thread per slot calls the function and reads ahead. The consumer keeps tf.data's
     cycle/block order; with nondeterminism allowed it takes elements in completion order instead, so a slow
     slot holds up only itself (its state then resumes exactly once, in any order). State: as the sequential
-    iterator's, each slot's position being a ``Rewind``'s (what the consumer took, not what was read ahead).
+    iterator's, each slot's position being a ``Marks``'s (what the consumer took, not what was read ahead).
     A slot whose dataset does not read again alike (the function returns a map with deterministic=False)
     cannot be rewound: its state is instead its iterator's position and the elements its pump read ahead,
     taken at one cut (``_KeptSlot``: ``{"input": ..., "buffer": "<encoded>"}``).
@@ -669,8 +670,8 @@ class _ParallelInterleaveIterator(_InterleaveState, NodeIterator):
         close_input(self._input)
 
 
-#: A slot's ``Rewind`` drops the records behind what the consumer took every this many elements plus one
-#: (a mask), whether or not a state is asked for (``Rewind.save`` drops them).
+#: A slot's ``Marks`` drops the records behind what the consumer took every this many elements plus one
+#: (a mask), whether or not a state is asked for (as each mark does).
 _PRUNE_EVERY = 4095
 
 

@@ -3,15 +3,13 @@ errors that name the transformation, the one-input node, and the options node.""
 
 from __future__ import annotations
 
-from collections import deque
 from itertools import chain, repeat, starmap
-from time import perf_counter
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import numpy as np
 
-from dataservice.data.background import Pace, direct_iterator
-from dataservice.data.checkpoint import NodeIterator, save_input
+from dataservice.data.background import direct_iterator
+from dataservice.data.checkpoint import NodeIterator
 from dataservice.data.dataset import (
     Dataset,
     IteratorContext,
@@ -168,66 +166,6 @@ def _result(future, where: str) -> Any:
 STATE = (dict, list, str, int, float, bool, type(None))
 
 
-class Marks:
-    """The position of an input read ahead of its consumer, as ``checkpoint.Rewind`` (the same state:
-    ``{"input": a recorded state of the input, "skip": elements to drop after restoring it}``), for a
-    reader that counts for itself, with no method call per element: before it reads element ``n`` of the
-    input it calls ``mark(n)`` if ``n >= marks.next``, and it adds to ``taken`` what its consumer took.
-    Marks are paced by their cost (``background.Pace``): every ``every`` reads while the input's state is
-    cheap to save, less often when it is not (a shuffle's buffer). An input that cannot save is read all
-    the same: ``save()`` raises its error.
-
-    Example::
-
-        >>> marks = Marks(source_iterator, node._input, every=32)
-        >>> for n in itertools.count():
-        ...     if n >= marks.next: marks.mark(n)
-        ...     x = next(source_iterator); ...; marks.taken += 1
-        >>> marks.save()   # {"input": ..., "skip": 5}
-    """
-
-    __slots__ = ("taken", "next", "_input", "_node", "_marks", "_base", "_error", "_pace")
-
-    def __init__(self, input_iterator: Iterator, node: Any, every: int, base: Optional[tuple[Any, int]] = None):
-        self.taken = 0
-        self._pace = Pace(every)
-        self.next = self._pace.next
-        self._input = input_iterator
-        self._node = node
-        # (elements read before it, the input's state then, elements to drop after that state), oldest first.
-        self._marks: deque = deque()
-        self._base = base  # restored: (the state, the elements after it to drop)
-        self._error: Optional[str] = None
-
-    def mark(self, n: int) -> None:
-        marks = self._marks
-        while len(marks) > 1 and marks[1][0] <= self.taken:  # here too, not only in save(): bounded
-            marks.popleft()
-        start = perf_counter()
-        if n == 0 and self._base is not None:
-            marks.append((0, self._base[0], self._base[1]))
-        elif self._error is None:
-            try:
-                marks.append((n, save_input(self._input, self._node), 0))
-            except NotCheckpointableError as exc:
-                self._error = str(exc)
-        self._pace.recorded(n, start, perf_counter())
-        self.next = self._pace.next if self._error is None else 1 << 62
-
-    def save(self) -> dict:
-        if self._error is not None:
-            raise NotCheckpointableError(self._error)
-        taken, marks = self.taken, self._marks
-        while len(marks) > 1 and marks[1][0] <= taken:
-            marks.popleft()
-        if not marks:  # nothing read yet
-            if self._base is not None:
-                return {"input": self._base[0], "skip": self._base[1]}
-            return {"input": save_input(self._input, self._node), "skip": 0}
-        at, state, skipped = marks[0]
-        return {"input": state, "skip": skipped + taken - at}
-
-
 def elements_of(it: Iterator) -> Iterator:
     """``it``'s elements, for a loop in C (``for``, islice, zip, map) that reads them one by one. Call it
     when the first element is wanted (in a generator's body, or see ``later``): after a restore.
@@ -277,7 +215,7 @@ def not_replayed(dataset: Dataset) -> str:
 
 def replays(dataset: Dataset, ctx: IteratorContext) -> bool:
     """Whether reading ``dataset`` again from a state it saved gives the same elements in the same order:
-    what a node that rewinds its input (``Rewind``: reads it again from a recorded state, dropping what
+    what a node that rewinds its input (``checkpoint.Marks``: reads it again from a recorded state, dropping what
     its consumer took) relies on. Not so when a parallel map or interleave upstream is nondeterministic
     (``deterministic=False``, or ``Options.deterministic`` False), nor past a node that says so
     (``_replays(ctx)`` returning False). Datasets made inside a function (interleave's) are not looked at.

@@ -27,9 +27,9 @@ from dataservice.data.dataset import (
     IteratorContext,
     _function_name,
 )
+from dataservice.data.checkpoint import Marks
 from dataservice.data.transformations.common import (
     STATE,
-    Marks,
     _check_callable,
     _check_int,
     _check_parallelism,
@@ -110,7 +110,7 @@ class _ParallelMapIterator(NodeIterator):
     calls ahead of the consumer (the pool starts at the first ``next()``).
 
     Its input is read ahead, so its state is the position of what the consumer took (``Marks``, as
-    ``checkpoint.Rewind``): a recorded input state and how many input elements to drop after it (the
+    ``checkpoint.Marks``): a recorded input state and how many input elements to drop after it (the
     function is not called for them). Deterministic: the elements come in input order, so what was taken
     is a prefix. Not deterministic: they come as they finish, so the state is the oldest element not yet yielded and the
     set of the later ones (at most ``window`` on) that were (``yielded``, a hex bit mask): restoring drops

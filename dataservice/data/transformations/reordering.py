@@ -9,10 +9,10 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
-from dataservice.data.background import InputPosition, PacedRewind, Pump, direct_iterator
+from dataservice.data.background import InputPosition, Pump, direct_iterator
 from dataservice.data.checkpoint import (
     NodeIterator,
-    Rewind,
+    Marks,
     close_input,
     decode_elements,
     encode_elements,
@@ -280,15 +280,15 @@ class PrefetchDataset(_UnaryDataset):
         return _SnapshotPrefetchIterator(self, self._input._iterator(ctx))
 
 
-#: A read-ahead consumer that is never asked for its position still has its ``Rewind`` drop the records
-#: behind what it took (``Rewind.save`` does), every this many elements plus one (a mask).
+#: A read-ahead consumer that is never asked for its position still has its ``Marks`` drop the records
+#: behind what it took (as each mark does), every this many elements plus one (a mask).
 _PRUNE_EVERY = 4095
 
 
 class _PrefetchIterator(NodeIterator):
     """A prefetch's iterator: a ``Pump`` thread reads ahead, started at the first element. Its position is
-    that of what the consumer took, not of what the thread read: a ``Rewind`` records the input's state
-    every 64 reads (less often when that state is costly: ``PacedRewind``), and the state is such a record
+    that of what the consumer took, not of what the thread read: a ``Marks`` records the input's state
+    every 64 reads (less often when that state is costly: ``Pace``), and the state is such a record
     plus the elements to skip after it. Restoring seeks the input there, and skips (at the first element,
     before the thread starts) at most the interval plus the buffer: read again, not yielded again.
 
@@ -308,8 +308,8 @@ class _PrefetchIterator(NodeIterator):
         self._input = input_iterator
         self._position = InputPosition(input_iterator, node._input)
         self._pump: Optional[Pump] = None
-        self._rewind: Optional[Rewind] = None
-        self._taken = 0  # elements the consumer took; told to the Rewind when a state is asked for
+        self._rewind: Optional[Marks] = None
+        self._taken = 0  # elements the consumer took; told to the Marks when a state is asked for
         self._told = 0
         self._base: Optional[tuple] = None  # the restored (state, skip)
         self._stop: Optional[weakref.finalize] = None
@@ -330,8 +330,8 @@ class _PrefetchIterator(NodeIterator):
         base = self._base
         if base is not None:
             skip_elements(self._input, base[1], self._node._describe())
-        rewind = PacedRewind(self._position, self._node._input, base=base)
-        rewind.read()  # the first record, here: a save() may come before the thread reads anything
+        rewind = Marks(self._position, self._node._input, 64, base=base)
+        rewind.mark(0)  # the first record, here: a save() may come before the thread reads anything
         self._rewind = rewind
         pump = Pump(self._input, capacity=self._node._buffer_size, rewind=rewind)
         # Stops the thread when this iterator is collected unclosed; it refers to the pump, not to this.
@@ -352,7 +352,7 @@ class _PrefetchIterator(NodeIterator):
     def _rewind_state(self) -> dict:
         rewind = self._rewind
         if self._taken != self._told:
-            rewind.taken(self._taken - self._told)
+            rewind.taken += self._taken - self._told
             self._told = self._taken
         return rewind.save()
 
@@ -368,7 +368,7 @@ class _PrefetchIterator(NodeIterator):
 
 class _SnapshotPrefetchIterator(NodeIterator):
     """A prefetch's iterator over an input that does not read again alike (a parallel map or interleave
-    with deterministic=False upstream: ``replays``), which a ``Rewind`` cannot seek. Its state is one cut
+    with deterministic=False upstream: ``replays``), which a ``Marks`` cannot seek. Its state is one cut
     of the input and the pump: the input's position now and the elements read but not yet taken
     (``{"input": ..., "buffer": "<encoded>"}``; the state grows with buffer_size x element size). To take
     both at one cut, the pump reads each element under a lock that ``save()`` holds; after a save it reads

@@ -42,7 +42,8 @@ from dataservice.data.dataset import (
     _function_name,
 )
 from dataservice.data.transformations import _UnaryDataset, raise_user_error
-from dataservice.data.transformations.common import STATE, Marks, check_rewindable, elements_of, not_replayed, replays
+from dataservice.data.checkpoint import Marks
+from dataservice.data.transformations.common import STATE, check_rewindable, elements_of, not_replayed, replays
 from dataservice.errors import NotCheckpointableError
 
 __all__ = ["WindowDataset", "GroupByWindowDataset", "group_by_window"]
