@@ -53,7 +53,7 @@ from dataservice.data.readers.tfrecord import TFRecordWriter, corrupted_record, 
 from dataservice.service import wire
 
 __all__ = ["FORMAT_VERSION", "COMPRESSIONS", "METADATA_FILE", "RECORD_BYTES", "resolve_compression",
-           "ChunkWriter", "read_chunk", "write_metadata", "read_metadata", "fsync_directory", "temporary_name",
+           "ChunkWriter", "read_chunk", "record_elements", "write_metadata", "read_metadata", "fsync_directory", "temporary_name",
            "write_file_atomically", "shard_index", "codec_functions", "compression_name"]
 
 #: The version ``write_metadata`` records; ``read_metadata`` refuses a newer one.
@@ -416,14 +416,15 @@ def _decode_payload(payload: Any, path: str, offset: int) -> list:
     return elements
 
 
-def _records(path: str) -> Iterator[tuple[memoryview, int]]:
-    """Each record of a chunk file with its byte offset, CRC-checked, read straight into memory of
-    its own (``readinto``: one copy from the page cache, none to assemble a record), so that a
-    record's arrays can be views into it."""
+def _records(path: str, start: int = 0) -> Iterator[tuple[memoryview, int, int]]:
+    """Each record of a chunk file from byte ``start`` (where a record begins) on, with its byte offset and
+    the offset after it, CRC-checked, read straight into memory of its own (``readinto``: one copy from the
+    page cache, none to assemble a record), so that a record's arrays can be views into it."""
     header = bytearray(_RECORD_HEADER)
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        offset = 0
+        f.seek(start)  # a restored reader starts at its record: nothing before it is read
+        offset = start
         while True:
             got = _read_into(f, header)
             if got == 0:
@@ -433,7 +434,8 @@ def _records(path: str) -> Iterator[tuple[memoryview, int]]:
             length, stored = _RECORD_HEAD.unpack_from(header)
             if masked_crc32c(bytes(header[:8])) != stored:
                 raise corrupted_record(path, offset, "length CRC mismatch")
-            if offset + _RECORD_HEADER + length + 4 > size:
+            end = offset + _RECORD_HEADER + length + 4
+            if end > size:
                 raise corrupted_record(path, offset, f"truncated record: the file ends before the record of "
                                                      f"{length} bytes")
             data = bytearray(length + 4)
@@ -442,8 +444,8 @@ def _records(path: str) -> Iterator[tuple[memoryview, int]]:
             record = memoryview(data)[:length]
             if masked_crc32c(record) != _U32_STRUCT.unpack_from(data, length)[0]:
                 raise corrupted_record(path, offset, "data CRC mismatch")
-            yield record, offset
-            offset += _RECORD_HEADER + length + 4
+            yield record, offset, end
+            offset = end
 
 
 def _read_into(f: Any, buffer: bytearray) -> int:
@@ -464,10 +466,17 @@ def read_chunk(path: str, compression: Optional[str]) -> Iterator[Any]:
 
     ``compression`` is the codec the chunk was written with (resolved, as in the metadata).
     """
-    path = os.fspath(path)
+    for elements, _, _ in record_elements(os.fspath(path), compression):
+        yield from elements
+
+
+def record_elements(path: str, compression: Optional[str], start: int = 0) -> Iterator[tuple[list, int, int]]:
+    """The elements of each record of a chunk file from byte ``start`` (where a record begins) on, with the
+    record's offset and the offset after it: what a restored reader of a saved dataset seeks to."""
     codec = codec_functions(compression)
     decompress = codec[1] if codec else None
-    for record, offset in _records(path):
+    for record, offset, end in _records(path, start):
+        payload: Any = record
         if decompress is not None:
             try:
                 payload = decompress(record)
@@ -476,9 +485,7 @@ def read_chunk(path: str, compression: Optional[str]) -> Iterator[Any]:
             except Exception as exc:  # each codec raises its own error type
                 raise corrupted_record(path, offset, f"the record does not decompress as {compression} "
                                                      f"({type(exc).__name__}: {exc})") from None
-        else:
-            payload = record
-        yield from _decode_payload(payload, path, offset)
+        yield _decode_payload(payload, path, offset), offset, end
 
 
 # --- metadata ------------------------------------------------------------------------------------

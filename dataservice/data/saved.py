@@ -43,7 +43,6 @@ from dataservice.data import save_format, structure
 from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.dataset import INFINITE_CARDINALITY, Dataset, _function_name
 from dataservice.data.options import default_parallelism
-from dataservice.data.readers.tfrecord import corrupted_record, masked_crc32c
 from dataservice.data.sources import SplittableSource
 from dataservice.service.wire import unencodable_error
 
@@ -329,56 +328,14 @@ def _check_spec(directory: str, saved: Any, given: Any) -> Any:
 
 # --- reading chunk files at a position: what an iterator's state restores -------------------------------
 
-def _records_at(path: str, start: int) -> Iterator[tuple[memoryview, int, int]]:
-    """The records of a chunk file from byte ``start`` (where a record begins) on, each with its offset
-    and the offset after it; read and checked as ``save_format.read_chunk`` does, after a seek."""
-    head = save_format._RECORD_HEAD
-    header = bytearray(head.size)
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if start > size:
-            raise ValueError(f"the iterator state does not fit {path}: its saved 'record' offset {start} is beyond "
-                             f"the end of the file ({size} bytes)")
-        f.seek(start)
-        offset = start
-        while True:
-            got = save_format._read_into(f, header)
-            if got == 0:
-                return
-            if got < head.size:
-                raise corrupted_record(path, offset, f"truncated record: the file ends {got} bytes into a header")
-            length, stored = head.unpack_from(header)
-            if masked_crc32c(bytes(header[:8])) != stored:
-                raise corrupted_record(path, offset, "length CRC mismatch")
-            end = offset + head.size + length + 4
-            if end > size:
-                raise corrupted_record(path, offset, f"truncated record: the file ends before the record of "
-                                                     f"{length} bytes")
-            data = bytearray(length + 4)
-            if save_format._read_into(f, data) != len(data):
-                raise corrupted_record(path, offset, "truncated record: the file ended while it was read")
-            record = memoryview(data)[:length]
-            if masked_crc32c(record) != save_format._U32_STRUCT.unpack_from(data, length)[0]:
-                raise corrupted_record(path, offset, "data CRC mismatch")
-            yield record, offset, end
-            offset = end
-
-
 def _record_elements(path: str, codec: Optional[str], start: int) -> Iterator[tuple[list, int, int]]:
-    """The elements of each record of a chunk file from byte ``start`` on, with the record's offsets."""
-    functions = save_format.codec_functions(codec)
-    decompress = functions[1] if functions else None
-    for record, offset, end in _records_at(path, start):
-        payload: Any = record
-        if decompress is not None:
-            try:
-                payload = decompress(record)
-                if not isinstance(payload, bytearray):  # the record's arrays are views into it: writable
-                    payload = bytearray(payload)
-            except Exception as exc:  # each codec raises its own error type
-                raise corrupted_record(path, offset, f"the record does not decompress as {codec} "
-                                                     f"({type(exc).__name__}: {exc})") from None
-        yield save_format._decode_payload(payload, path, offset), offset, end
+    """The elements of each record of a chunk file from byte ``start`` on, with the record's offsets; a
+    ``start`` beyond the file is a malformed state (a ValueError), not corruption."""
+    size = os.path.getsize(path)
+    if start > size:
+        raise ValueError(f"the iterator state does not fit {path}: its saved 'record' offset {start} is beyond "
+                         f"the end of the file ({size} bytes)")
+    return save_format.record_elements(path, codec, start)
 
 
 class _RecordCursor:
