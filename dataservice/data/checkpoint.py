@@ -476,20 +476,27 @@ def close_input(it: Iterator) -> None:
 
 
 class _ChunkCursor:
-    __slots__ = ("chunk", "offset", "items")
+    __slots__ = ("chunk", "offset", "items", "base")
 
     def __init__(self, chunk: int, offset: int):
         self.chunk = chunk      # the chunk ``items`` iterates (or the next one to open)
         self.offset = offset    # where to start in it, when it is opened
-        self.items = None       # the open chunk's list iterator
+        self.items = None       # the open chunk's iterator: a list iterator, or a 1-d array's flatiter
+        self.base = 0           # where in the chunk a flatiter's view starts
 
 
 def _chunk_elements(cursor: _ChunkCursor, make_chunk: Any, count: int) -> Iterator:
     while cursor.chunk < count:
-        items = iter(make_chunk(cursor.chunk))
-        if cursor.offset:
-            items.__setstate__(cursor.offset)  # a list iterator seeks: restoring reads nothing before
-            cursor.offset = 0
+        chunk, offset = make_chunk(cursor.chunk), cursor.offset
+        if isinstance(chunk, np.ndarray) and chunk.ndim == 1:
+            # A 1-d array's scalars straight from numpy (no list of them): its flatiter says how far it got.
+            items = chunk[offset:].flat
+            cursor.base = offset
+        else:
+            items = iter(chunk)
+            if offset:
+                items.__setstate__(offset)  # a list iterator seeks: restoring reads nothing before
+        cursor.offset = 0
         cursor.items = items
         yield from items  # in C: no Python step per element
         cursor.items = None
@@ -497,9 +504,10 @@ def _chunk_elements(cursor: _ChunkCursor, make_chunk: Any, count: int) -> Iterat
 
 
 class ChunkIterator(NodeIterator):
-    """The elements of an indexed source, read a chunk (a list) at a time; its position is the chunk and
-    the offset in it, read from the chunk's list iterator (``__reduce__``), so counting costs nothing per
-    element. ``make_chunk(k)`` returns the elements of chunk ``k`` of ``count``.
+    """The elements of an indexed source, read a chunk (a list, or a 1-d array of scalars) at a time; its
+    position is the chunk and the offset in it, read from the chunk's list iterator (``__reduce__``) or the
+    array's ``flatiter.index``, so counting costs nothing per element. ``make_chunk(k)`` returns the
+    elements of chunk ``k`` of ``count``.
 
     Example::
 
@@ -523,6 +531,10 @@ class ChunkIterator(NodeIterator):
         items = cursor.items
         if items is None:
             return {"chunk": cursor.chunk, "offset": cursor.offset}
+        if type(items) is np.flatiter:
+            if items.index >= items.base.size:  # exhausted: the chunk is done
+                return {"chunk": cursor.chunk + 1, "offset": 0}
+            return {"chunk": cursor.chunk, "offset": cursor.base + items.index}
         reduced = items.__reduce__()
         if len(reduced) < 3:  # exhausted: the chunk is done
             return {"chunk": cursor.chunk + 1, "offset": 0}

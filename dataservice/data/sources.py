@@ -266,7 +266,7 @@ class RangeDataset(SplittableSource):
 
         def chunk(k: int) -> list:
             sub = r[k * MAX_SPLIT_ELEMENTS:(k + 1) * MAX_SPLIT_ELEMENTS]
-            return list(self._values(sub.start, sub.stop, sub.step))
+            return self._values(sub.start, sub.stop, sub.step)
 
         return ChunkIterator(chunk, math.ceil(len(r) / MAX_SPLIT_ELEMENTS), self._describe())
 
