@@ -297,3 +297,15 @@ def test_a_rewinding_node_over_an_input_without_a_fixed_order_refuses_to_save(ma
             it.state_dict()
     finally:
         it.close()
+
+
+def test_a_read_ahead_branch_shares_the_pipelines_thread_pool():
+    # A prefetch reads its input through a copy of the pipeline's context (``rewound``): a parallel map
+    # there must use the pipeline's one pool (private_threadpool_size bounds them all), not a second.
+    it = iter(Dataset.zip(Dataset.range(50).map(_shuffled_order, num_parallel_calls=2).prefetch(2),
+                          Dataset.range(50).map(_shuffled_order, num_parallel_calls=2)))
+    try:
+        assert len(list(it)) == 50
+        assert len(it._ctx._children) == 1
+    finally:
+        it.close()

@@ -105,6 +105,8 @@ class IteratorContext:
     def thread_pool(self) -> ThreadPoolExecutor:
         """The pipeline's shared pool for user functions, made on first use."""
         with self._lock:
+            if self._pool is None and self._children:
+                self._pool = self._children[0]  # made by a copy of this context (``rewound``): one pool
             if self._pool is None:
                 size = self.options.threading.private_threadpool_size or default_parallelism()
                 self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dataservice-pipeline")
