@@ -23,6 +23,23 @@ From Python::
     >>> result = train("grpc://localhost:5050", data_dir="/tmp/datasets", epochs=3)
     >>> result.test_accuracy > 0.5
     True
+
+Checkpoints (``--checkpoint-dir DIR [--checkpoint-every N] [--max-steps N]``): every N steps (default 50)
+and at the end of each epoch, the parameters (``model.npz``, the arrays as numpy) and, beside them, a plain
+JSON state with the data position — ``prefetch_to_device(...).state_dict()``: the consumer's position in the
+distributed read, not the read-ahead's — are written together, atomically (``client/checkpoints.py``). Started
+again with the same DIR, the run resumes from the latest: the parameters, the epoch's counters and the read
+(``load_state_dict``), so it trains on exactly the batches an uninterrupted run would, in the same order, and
+ends with the same parameters. Checkpointing reads in the deterministic order (``deterministic=True``) with
+a seeded file order and shuffle. ``--max-steps N`` stops (after a checkpoint) once N steps are done in
+all, counting the runs before: a time-boxed slice of a longer training::
+
+    $ python -m client.train_jax --data-dir /tmp/datasets --checkpoint-dir /tmp/jax-run --max-steps 100
+    ...
+    stopped at step 100 (--max-steps); checkpoint saved: /tmp/jax-run/step-00000100
+    $ python -m client.train_jax --data-dir /tmp/datasets --checkpoint-dir /tmp/jax-run
+    resumed from /tmp/jax-run/step-00000100: step 100 (epoch 2/3, batch 17)
+    ...
 """
 
 from __future__ import annotations
@@ -43,11 +60,16 @@ from dataservice import catalogue, errors
 from dataservice.cli import positive_int
 from dataservice.jax import batch_sharding, prefetch_to_device
 
+from client import checkpoints
+
 __all__ = ["EpochResult", "TrainResult", "init_params", "train", "main"]
 
 NUM_CLASSES = 3
 PIXELS = 28 * 28
 HIDDEN = 128
+DEFAULT_CHECKPOINT_EVERY = 50
+#: The seed of the file order and of the shuffle when checkpointing: a resumed run's pipeline is the same.
+CHECKPOINT_SEED = 0
 
 
 def normalize(image: np.ndarray, label: np.int64) -> tuple[np.ndarray, np.int32]:
@@ -97,47 +119,112 @@ class EpochResult:
 
 @dataclasses.dataclass
 class TrainResult:
-    epochs: list[EpochResult]
+    epochs: list[EpochResult]   #: the epochs this run finished
     test_accuracy: float
+    params: Optional[dict] = None  #: the trained parameters
+    step: int = 0  #: steps done, counting those of the runs this one resumed from
+    resumed_from_step: Optional[int] = None
+
+
+def _resume(checkpoint_dir: str, config: dict, epochs: int, out: TextIO) -> Optional[checkpoints.Checkpoint]:
+    checkpoint = checkpoints.latest(checkpoint_dir)
+    if checkpoint is None:
+        return None
+    if checkpoint.state.get("config") != config:
+        raise ValueError(f"checkpoint {checkpoint.path} was written by another training "
+                         f"({checkpoint.state.get('config')}, this run: {config}); resume it with the same arguments, "
+                         f"or give another --checkpoint-dir")
+    state = checkpoint.state
+    where = f"epoch {state['epoch']}/{epochs}, batch {state['steps']}" if state["epoch"] <= epochs else "the end"
+    print(f"resumed from {checkpoint.path}: step {checkpoint.step} ({where})", file=out, flush=True)
+    return checkpoint
 
 
 def train(service: str, data_dir: Optional[str] = None, epochs: int = 3, batch_size: int = 64,
-          learning_rate: float = 0.3, prefetch: int = 2, out: TextIO = sys.stdout) -> TrainResult:
-    """Trains the MLP on ``shapes`` read through ``service``; see the module docstring."""
+          learning_rate: float = 0.3, prefetch: int = 2, out: TextIO = sys.stdout,
+          checkpoint_dir: Optional[str] = None, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+          max_steps: Optional[int] = None) -> TrainResult:
+    """Trains the MLP on ``shapes`` read through ``service``; see the module docstring.
+
+    ``checkpoint_dir``: save the parameters and the data position there every ``checkpoint_every`` steps
+    and at each epoch's end, and resume from the latest checkpoint there. ``max_steps``: stop (with a
+    checkpoint) once that many steps are done, counting those of the runs resumed from.
+
+    Example::
+
+        >>> train(service, data_dir=d, checkpoint_dir="/tmp/jax-run", max_steps=100).step
+        100
+        >>> train(service, data_dir=d, checkpoint_dir="/tmp/jax-run").resumed_from_step
+        100
+    """
     devices = jax.local_devices()
     if batch_size % len(devices):
         raise ValueError(f"batch_size {batch_size} must be a multiple of the {len(devices)} local devices it is "
                          f"split over")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
     builder = catalogue.builder("shapes", data_dir=data_dir)
     if not builder.is_prepared:
         print(f"preparing shapes in {builder.data_dir} ...", file=out, flush=True)
         builder.download_and_prepare(download_config=catalogue.DownloadConfig(num_shards=8))
+    # A resumed run must build the very pipeline it saved the position of: seeded, read in the deterministic order.
+    seed = CHECKPOINT_SEED if checkpoint_dir is not None else None
     # drop_remainder: every batch splits evenly over the devices, and jit compiles one shape.
     pipeline = (catalogue.load("shapes", split="train[:90%]", data_dir=data_dir, as_supervised=True,
-                               shuffle_files=True)
-                .map(normalize).shuffle(2048).batch(batch_size, drop_remainder=True))
+                               shuffle_files=True, read_config=catalogue.ReadConfig(shuffle_seed=seed))
+                .map(normalize).shuffle(2048, seed=seed).batch(batch_size, drop_remainder=True))
     val_images, val_labels = catalogue.load("shapes", split="train[90%:]", data_dir=data_dir, as_supervised=True,
                                             batch_size=-1)
     test_images, test_labels = catalogue.load("shapes", split="test", data_dir=data_dir, as_supervised=True,
                                               batch_size=-1)
-    distributed = pipeline.apply(ds.distribute("distributed_epoch", service))
+    distributed = pipeline.apply(ds.distribute("distributed_epoch", service, deterministic=checkpoint_dir is not None))
     sharding = batch_sharding(devices)
     print(f"devices: {len(devices)} x {devices[0].platform}; batches split over them, prefetched {prefetch} ahead",
           file=out, flush=True)
 
+    config = {"batch_size": batch_size, "learning_rate": learning_rate, "devices": len(devices)}
+    checkpoint = _resume(checkpoint_dir, config, epochs, out) if checkpoint_dir is not None else None
     params = init_params()
-    result = TrainResult([], 0.0)
-    for epoch in range(1, epochs + 1):
+    step, first_epoch = 0, 1
+    if checkpoint is not None:
+        params = {name: jnp.asarray(array) for name, array in checkpoint.arrays.items()}
+        step, first_epoch = checkpoint.step, checkpoint.state["epoch"]
+
+    def save(epoch: int, counters: tuple[int, float, int], data: Optional[dict]) -> str:
+        examples, loss_sum, steps = counters
+        return checkpoints.save(checkpoint_dir, step, {name: np.asarray(p) for name, p in params.items()},
+                                {"config": config, "epoch": epoch, "examples": examples, "loss_sum": loss_sum,
+                                 "steps": steps, "data": data})
+
+    result = TrainResult([], 0.0, step=step, resumed_from_step=checkpoint.step if checkpoint is not None else None)
+    for epoch in range(first_epoch, epochs + 1):
         examples, loss_sum, steps = 0, 0.0, 0
         batches = prefetch_to_device(distributed, size=prefetch, sharding=sharding)  # a new iteration of the job
+        if checkpoint is not None and epoch == checkpoint.state["epoch"] and checkpoint.state["data"] is not None:
+            state = checkpoint.state
+            batches.load_state_dict(state["data"])  # the read continues where the checkpoint was taken
+            examples, loss_sum, steps = state["examples"], state["loss_sum"], state["steps"]
         start = time.perf_counter()
         loss = None
+        stopped = False
         for x, y in batches:
             params, loss = _step(params, x, y, learning_rate)
             steps += 1
+            step += 1
             examples += len(y)
             if steps % 16 == 0:
                 loss_sum += float(loss) * 16  # an occasional sync, not one per step: the device runs ahead
+            stopped = max_steps is not None and step >= max_steps
+            if checkpoint_dir is not None and (step % checkpoint_every == 0 or stopped):
+                path = save(epoch, (examples, loss_sum, steps), batches.state_dict())
+            if stopped:
+                break
+        if stopped:
+            batches.close()
+            saved = f"; checkpoint saved: {path}" if checkpoint_dir is not None else ""
+            print(f"stopped at step {step} (--max-steps){saved}", file=out, flush=True)
+            result.step, result.params = step, params
+            return result
         if loss is not None:
             loss_sum += float(loss) * (steps % 16)
         seconds = time.perf_counter() - start
@@ -150,7 +237,10 @@ def train(service: str, data_dir: Optional[str] = None, epochs: int = 3, batch_s
         print(f"epoch {epoch}/{epochs}: {examples:,} examples in {seconds:.2f} s ({examples / seconds:,.0f} "
               f"examples/s), stall {stats.stall_s:.2f} s ({stats.stall_fraction:.0%}), loss {epoch_result.loss:.3f}, "
               f"validation accuracy {accuracy:.3f}", file=out, flush=True)
+        if checkpoint_dir is not None:
+            save(epoch + 1, (0, 0.0, 0), None)  # the epoch is done: a resumed run starts the next one
     result.test_accuracy = _accuracy(params, test_images, test_labels)
+    result.step, result.params = step, params
     print(f"test accuracy {result.test_accuracy:.3f} (chance: {1 / NUM_CLASSES:.3f})", file=out, flush=True)
     return result
 
@@ -169,6 +259,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--learning-rate", type=float, default=0.3)
     parser.add_argument("--prefetch", type=positive_int, default=2, help="batches put on the device ahead (default: 2)")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save the parameters and the data position (JSON) together in this directory every "
+                             "--checkpoint-every steps and at each epoch's end, and resume from the latest "
+                             "checkpoint there (the read then in the deterministic order, the pipeline seeded)")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=DEFAULT_CHECKPOINT_EVERY,
+                        help=f"steps between checkpoints (default: {DEFAULT_CHECKPOINT_EVERY})")
+    parser.add_argument("--max-steps", type=positive_int, default=None,
+                        help="stop (after a checkpoint) once this many steps are done, counting those of the runs "
+                             "resumed from: run again with the same --checkpoint-dir to go on")
     args = parser.parse_args(argv)
     try:
         ds.distribute("distributed_epoch", args.service)  # validates the address before any work
@@ -179,8 +278,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      f"{len(jax.local_devices())} local devices each batch is split over")
     try:
         train(args.service, data_dir=args.data_dir, epochs=args.epochs, batch_size=args.batch_size,
-              learning_rate=args.learning_rate, prefetch=args.prefetch)
-    except errors.DataServiceError as exc:
+              learning_rate=args.learning_rate, prefetch=args.prefetch, checkpoint_dir=args.checkpoint_dir,
+              checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
+    except (errors.DataServiceError, ValueError) as exc:
         print(f"train_jax: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     return 0

@@ -21,6 +21,24 @@ Example::
     torch.Size([4, 3]) tensor([0, 1, 2, 3])
     torch.Size([4, 3]) tensor([4, 5, 6, 7])
 
+Saving and resuming (torch's ``Stateful`` protocol, as torchdata's ``StatefulDataLoader`` and
+``torch.distributed.checkpoint`` call it): ``TorchDataset.state_dict()`` is the position of its most recent
+iterator, and ``load_state_dict(state)`` makes the next ``iter()`` start there; the iterator has both too.
+The state is a plain dict (JSON, and ``torch.load(weights_only=True)`` reads it back); for a read from the
+service it needs ``distribute("distributed_epoch", ..., deterministic=True)`` to continue the same sequence
+(dynamic order: every element not yet taken, once)::
+
+    >>> tds = TorchDataset(pipeline.apply(distribute("distributed_epoch", service, deterministic=True)))
+    >>> loader = torchdata.stateful_dataloader.StatefulDataLoader(tds, batch_size=None)
+    >>> ...  # train some steps
+    >>> torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, "ckpt.pt")
+    >>> # In the restarted process, with the same pipeline:
+    >>> loader.load_state_dict(torch.load("ckpt.pt", weights_only=True)["loader"])
+    >>> for batch in loader: ...  # continues with the batch after the saved one
+
+or without a loader: ``torch.save({"model": ..., "data": tds.state_dict()})``, then
+``tds.load_state_dict(checkpoint["data"])`` before ``iter(tds)``.
+
 ``DataLoader(num_workers=N)``: the service's workers already run the pipeline and the reader fetches on
 threads of its own, so a dataset read from the service is refused in loader worker processes (each
 would be a reader of its own, and every element would be pickled through the loader's queues). A local
@@ -31,6 +49,7 @@ once, in order.
 from __future__ import annotations
 
 import collections
+import copy
 import warnings
 from typing import Any, Iterator, Optional, Union
 
@@ -162,16 +181,21 @@ class TensorIterator:
     the time the consumer waited for data); ``close()`` ends the read (releasing a job on the service).
     """
 
-    def __init__(self, iterator: Iterator, pin_memory: bool, device: Optional[torch.device], non_blocking: bool):
+    def __init__(self, iterator: Iterator, pin_memory: bool, device: Optional[torch.device], non_blocking: bool,
+                 dataset: Optional[Dataset] = None):
         self._iterator = iterator
         self._pin_memory = pin_memory
         self._device = device
         self._non_blocking = non_blocking
+        self._dataset = dataset  # what ``iterator`` iterates: a second restore starts a fresh one
+        self._restored: Optional[dict] = None
+        self._started = False
 
     def __iter__(self) -> "TensorIterator":
         return self
 
     def __next__(self) -> Any:
+        self._started = True
         element = _convert(next(self._iterator), "")
         if self._pin_memory or self._device is not None:
             element = _move(element, self._pin_memory, self._device, self._non_blocking)
@@ -198,8 +222,20 @@ class TensorIterator:
         return _stateful(self._iterator).state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Seeks the pipeline iterator (before its first element) to ``state``."""
+        """Seeks the pipeline iterator (before its first element) to ``state``.
+
+        Loading the state this iterator was already restored to does nothing (``StatefulDataLoader``
+        restores the dataset, which restores its new iterator, then restores that iterator with the same
+        state); another state, before the first element, replaces it.
+        """
+        if self._restored is not None and not self._started:
+            if state == self._restored:
+                return
+            if self._dataset is not None:  # a Dataset iterator is restored once: start a fresh one
+                self.close()
+                self._iterator = iter(self._dataset)
         _stateful(self._iterator).load_state_dict(state)
+        self._restored = copy.deepcopy(state)
 
     def close(self) -> None:
         close = getattr(self._iterator, "close", None)
@@ -251,6 +287,56 @@ class TorchDataset(torch.utils.data.IterableDataset):
                           stacklevel=2)
             self.pin_memory = False
         self.non_blocking = self.pin_memory if non_blocking is None else bool(non_blocking)
+        self._current: Optional[TensorIterator] = None  # the most recent iterator: its position is the state
+        self._pending: Optional[dict] = None  # from load_state_dict, for the next iter()
+
+    # torch's Stateful protocol on the dataset object, which torchdata's StatefulDataLoader saves (as
+    # "dataset_state") and restores before it calls iter() on the dataset.
+    def state_dict(self) -> dict:
+        """The position of this dataset's most recent iterator (``TensorIterator.state_dict``): a plain dict
+        that ``json.dumps`` and ``torch.save``/``torch.load(weights_only=True)`` take. After
+        ``load_state_dict`` and before the next ``iter()``: that state. Before any ``iter()``: the start.
+        For this, the dataset holds its most recent iterator until the next ``iter()``: a loop left early
+        keeps its read open until then, or until the iterator's ``close()``.
+
+        Example::
+
+            >>> tds = TorchDataset(pipeline)
+            >>> it = iter(tds); _ = next(it)
+            >>> torch.save({"model": model.state_dict(), "data": tds.state_dict()}, "ckpt.pt")
+        """
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        if self._current is not None:
+            return self._current.state_dict()
+        fresh = iter(self.dataset)  # a read from the service starts nothing before its first next()
+        try:
+            return _stateful(fresh).state_dict()
+        finally:
+            close = getattr(fresh, "close", None)
+            if close is not None:
+                close()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Makes the next ``iter(self)`` start where ``state`` (from ``state_dict()``, of the same pipeline,
+        in this process or another) was taken; the iterations after it start from the beginning again.
+        A malformed state or one of another pipeline raises ValueError at that ``iter()``.
+
+        Example::
+
+            >>> tds = TorchDataset(pipeline)
+            >>> tds.load_state_dict(torch.load("ckpt.pt", weights_only=True)["data"])
+            >>> for batch in tds: ...  # the batch after the saved one, first
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"load_state_dict() expects the dict state_dict() returned, got {type(state).__name__}")
+        self._pending = copy.deepcopy(state)
+
+    def __getstate__(self) -> dict:
+        # A DataLoader worker process gets a copy of the dataset: not the live iterator of this process.
+        state = dict(self.__dict__)
+        state["_current"] = None
+        return state
 
     def __iter__(self) -> TensorIterator:
         dataset = self.dataset
@@ -272,7 +358,12 @@ class TorchDataset(torch.utils.data.IterableDataset):
             # Each loader worker iterates its own copy: keep every num_workers-th element, so that the
             # loader, taking one from each worker in turn, gives every element once, in order.
             dataset = dataset.shard(info.num_workers, info.id)
-        return TensorIterator(iter(dataset), self.pin_memory, self.device, self.non_blocking)
+        iterator = TensorIterator(iter(dataset), self.pin_memory, self.device, self.non_blocking, dataset)
+        if self._pending is not None:
+            iterator.load_state_dict(self._pending)  # a bad state raises here and stays pending
+            self._pending = None
+        self._current = iterator
+        return iterator
 
     def __repr__(self) -> str:
         return f"TorchDataset({self.dataset!r}, pin_memory={self.pin_memory}, device={self.device})"

@@ -461,9 +461,10 @@ def test_train_summary_and_progress_bar() -> None:
 def test_train_pipeline_runs_locally() -> None:
     from client.train import make_dataset
 
-    images, labels = next(iter(make_dataset(num_examples=100, batch_size=64)))
+    images, labels, ids = next(iter(make_dataset(num_examples=100, batch_size=64)))
     assert images.shape == (64, 32, 32, 3) and images.dtype.name == "uint8"
     assert labels.shape == (64,) and list(labels[:3]) == [0, 1, 2]
+    assert ids.tolist() == list(range(64))
 
 
 def test_train_arguments(monkeypatch: pytest.MonkeyPatch) -> None:

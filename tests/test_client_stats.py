@@ -317,13 +317,15 @@ def test_stats_behind_later_transformations_and_on_a_local_pipeline():
     assert local.stats().elements == 0 and local.stats().bytes == 0
 
 
-def test_a_distributed_read_refuses_to_save_its_position_and_says_why(cluster):
+def test_a_parallel_epochs_read_refuses_to_save_its_position_and_names_what_resumes(cluster):
     from dataservice.errors import NotCheckpointableError
 
     it = iter(Dataset.range(10).apply(distribute("parallel_epochs", cluster.target)).map(lambda x: x + 1))
     try:
         run_with_deadline(lambda: next(it), 60)
-        with pytest.raises(NotCheckpointableError, match=r"distribute\(parallel_epochs.*cannot be saved yet"):
+        with pytest.raises(NotCheckpointableError,
+                           match=r"distribute\(parallel_epochs.*cannot save its position.*only "
+                                 r"processing_mode='distributed_epoch' reads resume"):
             it.state_dict()
     finally:
         it.close()

@@ -4,12 +4,14 @@ Each transformation family's resumption is tested beside it (tests/test_iterator
 harness is tests/checkpoints.py.
 """
 
+import functools
 import json
 
 import numpy as np
 import pytest
 
 from dataservice.data import Dataset
+from dataservice.data.checkpoint import pipeline_fingerprint
 from dataservice.errors import NotCheckpointableError
 from tests.checkpoints import assert_resumes, state_after
 
@@ -76,6 +78,32 @@ def test_closure_values_and_arguments_are_part_of_the_identity():
     for other in (make(3), make(2, n=11)):
         with pytest.raises(ValueError, match="another pipeline"):
             iter(other).load_state_dict(state)
+
+
+#: Changed by ``_counted_add`` as the pipeline runs; a global counts by its name in the identity, not its value.
+_CALLS = 0
+_TABLE = None
+
+
+def _counted_add(x, k):
+    global _CALLS, _TABLE
+    _CALLS += 1
+    _TABLE = _TABLE or {"loaded": True}  # a table loaded on first use: its type changes too
+    return x + k
+
+
+def test_partials_count_by_function_and_arguments_and_globals_by_name_only():
+    def make(k):
+        return Dataset.range(10).map(functools.partial(_counted_add, k=k))
+
+    _, state = state_after(lambda: make(1), 4)  # the globals changed while it ran
+    it = iter(make(1))
+    it.load_state_dict(state)
+    assert [int(x) for x in it] == [5, 6, 7, 8, 9, 10]
+    with pytest.raises(ValueError, match="another pipeline"):
+        iter(make(2)).load_state_dict(state)
+    for a, b in ((np.sqrt, np.exp), (abs, round)):  # builtins and ufuncs by their names
+        assert pipeline_fingerprint(Dataset.range(3).map(a)) != pipeline_fingerprint(Dataset.range(3).map(b))
 
 
 @pytest.mark.parametrize("broken, message", [

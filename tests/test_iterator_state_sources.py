@@ -18,13 +18,13 @@ import pytest
 from dataservice.data import Dataset
 from dataservice.data import saved as saved_module
 from dataservice.data import save_format
-from dataservice.data.checkpoint import save_input
+from dataservice.data.checkpoint import restore_input, save_input
 from dataservice.data.dataset import IteratorContext
 from dataservice.data.options import AUTOTUNE, Options
 from dataservice.data.readers import (FixedLengthRecordDataset, SqlDataset, TextLineDataset, TFRecordDataset,
                                       TFRecordWriter)
 from dataservice.data.sources import SplittableSource
-from dataservice.errors import DataLossError, NotCheckpointableError
+from dataservice.errors import DataLossError
 from tests.checkpoints import assert_resumes, resumed, state_after, typed
 
 pytestmark = pytest.mark.no_grpc
@@ -374,15 +374,19 @@ def test_parallel_reads_malformed_states(record_files, compression):
             iter(make()).load_state_dict(_bad(state, **change))
 
 
-def test_reading_provided_splits_cannot_be_checkpointed_and_says_why(record_files, compression):
-    ds = TFRecordDataset(record_files, compression)
-    it = ds._iterator(IteratorContext(options=Options(), split_provider=iter([0, 2])))
-    assert len(list(it)) == 26
-    for source in (ds, Dataset.range(10)):
-        it = source._iterator(IteratorContext(options=Options(), split_provider=iter([0])))
-        next(it)
-        with pytest.raises(NotCheckpointableError, match="split provider"):
-            save_input(it, source)
+def test_reading_provided_splits_resumes_with_a_new_provider_of_the_same_splits(record_files, compression):
+    # A distributed_epoch worker's group: a restored read's worker seeks there (ElementRun.mark).
+    for source, splits in ((TFRecordDataset(record_files, compression), [0, 2]), (Dataset.range(10_000), [1, 0, 3])):
+        def provided():
+            return source._iterator(IteratorContext(options=Options(), split_provider=iter(splits)))
+        whole = [np.asarray(x).tobytes() for x in provided()]
+        for cut in (0, 1, len(whole) // 2, len(whole) - 1, len(whole)):
+            it = provided()
+            head = [np.asarray(next(it)).tobytes() for _ in range(cut)]
+            state = json.loads(json.dumps(save_input(it, source)))
+            again = provided()
+            restore_input(again, source, state)
+            assert head + [np.asarray(x).tobytes() for x in again] == whole, (source, cut)
 
 
 # --- a splittable source's generic reading ----------------------------------------------------------------

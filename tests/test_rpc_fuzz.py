@@ -58,6 +58,8 @@ WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
 
 F = FieldDescriptor
 INT64_EDGES = [-2 ** 63, 2 ** 63 - 1, -1, 0, 2 ** 31, -2 ** 31, 2 ** 53 + 1]
+#: The most bytes the items of one repeated message field add up to (a request stays under gRPC's 64 MiB).
+REPEATED_MESSAGES_BYTES = 24 * 1024 * 1024
 INT32_EDGES = [-2 ** 31, 2 ** 31 - 1, -1]
 UINT64_EDGES = [0, 2 ** 64 - 1, 2 ** 63, 10 ** 13 + 1]
 TEN_MB = 10 * 1024 * 1024
@@ -145,8 +147,13 @@ class Fuzzer:
         target = getattr(message, field.name)
         if field.type == F.TYPE_MESSAGE:
             if depth < 2:
+                size = 0
                 for _ in range(rng.choice([1, 3]) if plausible else 50):
-                    target.add().CopyFrom(self.absurd(field.message_type, depth + 1, rate))
+                    item = self.absurd(field.message_type, depth + 1, rate)
+                    size += item.ByteSize()
+                    if size > REPEATED_MESSAGES_BYTES:  # 50 items of 10 MB blobs: more than a message may be
+                        break
+                    target.add().CopyFrom(item)
             return
         if field.type == F.TYPE_STRING:  # labels (WorkerHeartbeat.worker_tags)
             target.extend(rng.sample(["COLOCATED", "zone-a", "fuzz-1"], rng.randint(1, 2)) if plausible else

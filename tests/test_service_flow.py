@@ -33,7 +33,7 @@ def _buffered(reader: IterationReader) -> int:
     """Elements received by the client and not yet taken by the consumer."""
     with reader._out.mutex:
         frames = [item for item in reader._out.queue if isinstance(item, tuple)]
-    return sum(len(elements) for elements, _ in frames) + len(reader._current) - reader._pos
+    return sum(len(frame[0]) for frame in frames) + len(reader._current) - reader._pos
 
 
 def _credits_in_use(reader: IterationReader, total: int) -> int:

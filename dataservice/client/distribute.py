@@ -15,17 +15,21 @@ import enum
 import itertools
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 
 from dataservice import errors
+from dataservice.errors import NotCheckpointableError
 from dataservice.client.coordinated_reader import CoordinatedReader
 from dataservice.client.read_options import CrossTrainerCache, ReadOptions
+from dataservice.client.read_position import ReadPosition
 from dataservice.client.reader import DEFAULT_MAX_OUTSTANDING_REQUESTS, IterationReader, ReaderStats, \
     ReaderStatsRecorder
 from dataservice.client.transports import DATA_TRANSFER_PROTOCOLS
 from dataservice.data import specs
+from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext, \
     _ClosingIterator
 from dataservice.data.serialization import registered_cardinality, registered_element_spec, serialize_dataset
@@ -239,6 +243,94 @@ def register_dataset(service: str, dataset: Dataset, timeout_ms: int = DEFAULT_T
         client.close()
 
 
+def _not_resumable(mode: int, options: ReadOptions) -> Optional[str]:
+    """Why a read in ``mode`` with ``options`` cannot save its position (None: it can)."""
+    if options.coordinated:
+        return ("coordinated reads (num_consumers) hand out rounds that depend on which workers are in the rotation, "
+                "so a restored read could not continue them; only processing_mode='distributed_epoch' reads resume "
+                "exactly")
+    if options.cross_trainer_cache is not None:
+        return ("a read through the cross-trainer cache takes whatever the workers' windows hold, and a restored "
+                "trainer could not find its place in them again; only processing_mode='distributed_epoch' reads "
+                "resume exactly")
+    if mode != state_pb2.DISTRIBUTED_EPOCH:
+        return (f"a {mode_name(mode)} read cannot save its position: "
+                + ("every worker produces the whole dataset in an order of its own, so a restored read could not "
+                   "say which copies it had" if mode == state_pb2.PARALLEL_EPOCHS else
+                   "a worker's shard is read from its start again by a restarted worker")
+                + "; only processing_mode='distributed_epoch' reads resume exactly (deterministic=True for the same "
+                  "order after the restore)")
+    return None
+
+
+class _Resume:
+    """A restored read's start: the saved position, the repetition the saved read was in (-1 unknown), whether
+    it had ended, and (deterministic) its index in the sequence."""
+
+    __slots__ = ("position", "repetition", "ended", "index")
+
+    def __init__(self, position: ReadPosition, repetition: int, ended: bool, index: Optional[int]):
+        self.position, self.repetition, self.ended, self.index = position, repetition, ended, index
+
+    def point(self) -> state_pb2.ResumePoint:
+        point = self.position.to_resume()
+        point.position = self.index or 0
+        return point
+
+    def to_state(self) -> dict:
+        return {"repetition": self.repetition, "ended": self.ended, **self.position.to_state(),
+                "position": self.index if self.index is not None else -1}
+
+
+class _ServiceReadIterator(NodeIterator):
+    """The iterator of a read from the service: one iteration of the job, started at the first ``next()``.
+    ``save()`` is the consumer's position (``read_position.ReadPosition``: groups taken, offsets taken of
+    the others), never elements: what the reader received and the consumer did not take is produced again
+    after a restore. ``restore()`` makes the read a new job that starts there."""
+
+    __slots__ = ("__next__", "_gen", "_node", "_reader", "_resume", "_repetition", "_ended", "__weakref__")
+
+    def __init__(self, node: "_DataServiceDataset", ctx: IteratorContext):
+        self._node = node
+        self._reader = None
+        self._resume: Optional[_Resume] = None
+        self._repetition = -1
+        self._ended = False
+        self._gen = node._read(ctx, weakref.ref(self))  # runs nothing until the first next()
+        self.__next__ = self._gen.__next__
+
+    def _check(self) -> None:
+        node = self._node
+        reason = _not_resumable(node._mode, node._options())
+        if reason is not None:
+            raise NotCheckpointableError(f"{node._describe()} cannot be checkpointed: {reason}")
+
+    def save(self) -> dict:
+        self._check()
+        reader = self._reader
+        if reader is None:  # not started: where a restore put it, or the start
+            resume = self._resume
+            if resume is None:
+                resume = _Resume(ReadPosition(), -1, False, 0 if self._node._options().deterministic else None)
+            return resume.to_state()
+        return {"repetition": self._repetition, "ended": self._ended, **reader.position_state()}
+
+    def restore(self, state: Any) -> None:
+        self._check()
+        where = "a read from the service (distribute, from_dataset_id)"
+        repetition = field(state, "repetition", int, where, minimum=-1)
+        ended = field(state, "ended", bool, where)
+        index = field(state, "position", int, where, minimum=-1)
+        if self._node._options().deterministic and index < 0:
+            raise ValueError(f"malformed iterator state for {where}: 'position' (the index in the deterministic "
+                             f"sequence) must be >= 0, got {index}")
+        index = index if index >= 0 else None
+        self._resume = _Resume(ReadPosition.from_state(state), repetition, ended, index)
+
+    def close(self) -> None:
+        self._gen.close()
+
+
 class _DataServiceDataset(Dataset):
     """Reads a registered dataset from the service; each iteration is a new iteration of the job."""
 
@@ -271,6 +363,10 @@ class _DataServiceDataset(Dataset):
                              f"({mode_name(self._mode)}): a worker joining or coming back could not enter the "
                              f"consumers' rotation at a common round. Use processing_mode='parallel_epochs' "
                              f"(ShardingPolicy.OFF) with coordinated reads")
+        if self._read_options.deterministic and self._mode != state_pb2.DISTRIBUTED_EPOCH:
+            raise ValueError(f"deterministic=True needs processing_mode='distributed_epoch' (ShardingPolicy.DYNAMIC), "
+                             f"got {mode_name(self._mode)!r}: only there does the service hand out each element "
+                             f"once, numbered by split group, which is the order a deterministic read gives")
         if dataset is not None and self._mode == state_pb2.DISTRIBUTED_EPOCH:
             dataset.num_splits()  # NotSplittableError now, naming the culprit, rather than at the dispatcher
         if dataset is not None and (self._read_options.coordinated or self._read_options.cross_trainer_cache) \
@@ -309,9 +405,25 @@ class _DataServiceDataset(Dataset):
         return True
 
     def _not_checkpointable_reason(self) -> str:
-        return ("the position of a read from the data service (distribute, from_dataset_id) cannot be saved yet: "
-                "the service hands out elements in an order that depends on its workers, so a restored read could "
-                "not continue it exactly; a restarted trainer starts a new read")
+        return _not_resumable(self._mode, self._options()) or "it cannot save its position"
+
+    def _options(self) -> ReadOptions:
+        return getattr(self, "_read_options", None) or ReadOptions(job_name=self._job_name)
+
+    def _checkpoint_identity(self) -> dict:
+        """What a saved position is bound to (``checkpoint.pipeline_fingerprint``): the mode, the order and the
+        pipeline read (the distributed pipeline itself, or the id given to from_dataset_id). Not the
+        dispatcher's address, the job name, timeouts or credentials: a restored read may run on a cluster
+        that moved, under a job name of its own."""
+        given = self._dataset_id if self._dataset is None else None
+        return {"mode": self._mode, "deterministic": self._options().deterministic, "dataset": self._dataset,
+                "dataset_id": given}
+
+    def _replays(self, ctx: IteratorContext) -> bool:
+        """Read again from a saved position, a deterministic read gives the same elements in the same order;
+        a dynamic one gives the rest of the epoch in another order (a read-ahead node after it saves what it
+        holds instead of reading it again)."""
+        return self._options().deterministic
 
     def _element_spec(self) -> Any:
         """The spec given to from_dataset_id; else the distributed pipeline's (distribute); else the one
@@ -389,7 +501,16 @@ class _DataServiceDataset(Dataset):
         return it
 
     def _iterator(self, ctx: IteratorContext) -> Iterator:
+        return _ServiceReadIterator(self, ctx)
+
+    def _read(self, ctx: IteratorContext, holder: "weakref.ref[_ServiceReadIterator]") -> Iterator:
+        """The elements of one iteration of the job, as the generator ``_ServiceReadIterator`` runs; it is
+        told where to start (a restored position) and given the reader, through ``holder``."""
         started = time.monotonic()  # the consumer's next() that runs this waits from here (stats' stall)
+        owner = holder()
+        resume = owner._resume if owner is not None else None
+        if resume is not None and resume.ended:
+            return
         recorder = _recorder(ctx)
         client = DispatcherClient(self._address, timeout_ms=self._timeout_ms, auth=self._auth, tls=self._tls)
         reader = None
@@ -400,10 +521,23 @@ class _DataServiceDataset(Dataset):
             # The job name is scoped by the id this reader names (as in tf.data service): a chosen id is sent
             # along, so that readers of two names of one pipeline under one job_name read two jobs.
             named = self._dataset_id if isinstance(self._dataset_id, str) else ""
+            position = None
+            if self._mode == state_pb2.DISTRIBUTED_EPOCH and not _not_resumable(self._mode, options):
+                position = resume.position if resume is not None else ReadPosition()
+            # A restored read is a job of its own, which starts where the saved position says; readers restoring
+            # one position under one job_name share it (the dispatcher keys it by the position).
             job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name, dataset_name=named,
+                                              resume=resume.point() if resume is not None else None,
                                               **options.job_fields())
-            # A named job is shared: the k-th iteration of every reader is the same iteration.
-            repetition = next(self._repetitions) if self._job_name else 0
+            # A named job is shared: the k-th iteration of every reader is the same iteration. A restored read is
+            # the first iteration of its job; later ones continue the saved read's count.
+            if resume is not None:
+                repetition = 0
+                if self._job_name:
+                    with self._lock:
+                        self._repetitions = itertools.count(resume.repetition + 1)
+            else:
+                repetition = next(self._repetitions) if self._job_name else 0
             if repetition and options.cross_trainer_cache is not None:
                 # As tf.data service: each trainer reads a cached job once; a second iteration would be a
                 # new iteration of the job, with a cache of its own that other trainers do not share.
@@ -413,13 +547,22 @@ class _DataServiceDataset(Dataset):
                                  f"epoch from it), or read another job_name")
             # Coordinated reads: consumers read in rounds (coordinated_reader); else first come first served.
             reader_class = CoordinatedReader if options.coordinated else IterationReader
+            extra = {} if options.coordinated else {"position": position,
+                                                     "start_index": (resume.index or 0) if resume is not None else 0}
             reader = reader_class(client, job_id, repetition, self._max_outstanding, self._protocol,
                                   timeout_ms=self._timeout_ms, job_name=self._job_name, auth=self._auth,
-                                  tls=self._tls, started_at=started, read_options=options)
+                                  tls=self._tls, started_at=started, read_options=options, **extra)
+            if owner is not None:
+                owner._reader, owner._repetition = reader, (resume.repetition if resume is not None else repetition)
+            owner = None  # the generator keeps no reference to its iterator: no cycle
             recorder.add(reader)
             forget = ctx.on_close(reader.close)
             try:
                 yield from reader
+                owner = holder()
+                if owner is not None:  # read to its end (not closed early): a restore yields nothing
+                    owner._ended = True
+                owner = None
             finally:
                 forget()
         finally:
@@ -436,7 +579,9 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
                auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                tls_key: Optional[str] = None, consumer_index: Optional[int] = None,
                num_consumers: Optional[int] = None, cross_trainer_cache: Optional[CrossTrainerCache] = None,
-               target_workers: str = "AUTO", compression: Optional[str] = "AUTO") -> Callable[[Dataset], Dataset]:
+               target_workers: str = "AUTO", compression: Optional[str] = "AUTO",
+               deterministic: bool = False, num_readers: Optional[int] = None,
+               reader_index: Optional[int] = None) -> Callable[[Dataset], Dataset]:
     """A transformation for ``Dataset.apply`` that runs the pipeline so far on the service.
 
     Args:
@@ -474,12 +619,27 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
       compression: "AUTO" (default: LZ4 from workers on other hosts when it makes answers arrive sooner
         on that connection, as measured: slow links and compressible elements; none on this host), None, or a codec ("LZ4", "ZSTD", "ZLIB", "GZIP"; any case) for every frame
         (``dataservice.service.frame_compression``).
+      deterministic: distributed_epoch only. True: the elements come in one fixed order, the split groups'
+        elements in group index order (for a source with map and filter, the order of the pipeline run
+        locally), whatever the number of workers, their speed, a worker lost or the dispatcher restarted;
+        workers still take groups dynamically and the reader puts them in order (a slow worker delays its
+        own group's turn). False (default): each element as soon as any worker has it. Either way the
+        iterator's ``state_dict()`` saves the read's position and ``load_state_dict()`` resumes it: the same
+        sequence (deterministic) or every element not taken before exactly once (dynamic).
+      num_readers, reader_index: elastic readers (data-parallel training, one reader per rank): with
+        ``deterministic=True`` and a ``job_name``, reader ``reader_index`` of the job's ``num_readers`` gets the
+        elements ``S[i], S[i+N], S[i+2N], ...`` of the deterministic sequence ``S``; a final partial round is
+        dropped, so that every reader gets the same count (``DistributedSampler(drop_last=True)``). The
+        workers compute each element once and send it to every reader, which keeps its own. States saved at
+        one step by all readers name the same position; restoring one into ``N'`` readers (any ``N'``)
+        continues with ``S[p + i'], S[p + i' + N'], ...``: every element once across the two runs.
     """
     mode = _parse_mode(processing_mode)
     options = ReadOptions(job_name=_parse_job_name(job_name) if job_name is not None else "",
                           consumer_index=consumer_index, num_consumers=num_consumers,
                           cross_trainer_cache=cross_trainer_cache, target_workers=target_workers,
-                          compression=compression)
+                          compression=compression, deterministic=deterministic, num_readers=num_readers,
+                          reader_index=reader_index)
     ClusterAuth.resolve(auth_token)  # a bad token (too short, unreadable file) fails here, not mid-read
     TlsSettings.resolve(tls_ca, tls_cert, tls_key)  # likewise an unreadable TLS file
     _parse_protocol(data_transfer_protocol)
@@ -506,7 +666,9 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: U
                     auth_token: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                     tls_key: Optional[str] = None, consumer_index: Optional[int] = None,
                     num_consumers: Optional[int] = None, cross_trainer_cache: Optional[CrossTrainerCache] = None,
-                    target_workers: str = "AUTO", compression: Optional[str] = "AUTO") -> Dataset:
+                    target_workers: str = "AUTO", compression: Optional[str] = "AUTO",
+                    deterministic: bool = False, num_readers: Optional[int] = None,
+                    reader_index: Optional[int] = None) -> Dataset:
     """A Dataset reading the registered dataset ``dataset_id`` from the service: the int ``register_dataset``
     returned (or that number as a str, as tf.data service code passes ids: an all-digit str always names a
     numeric id), or the str chosen with ``register_dataset(..., dataset_id=...)`` (NotFoundError when reading if
@@ -528,7 +690,8 @@ def from_dataset_id(processing_mode: ProcessingMode, service: str, dataset_id: U
     dataset_id = _parse_dataset_id(dataset_id)
     options = ReadOptions(job_name=_parse_job_name(job_name), consumer_index=consumer_index,
                           num_consumers=num_consumers, cross_trainer_cache=cross_trainer_cache,
-                          target_workers=target_workers, compression=compression)
+                          target_workers=target_workers, compression=compression, deterministic=deterministic,
+                          num_readers=num_readers, reader_index=reader_index)
     return _DataServiceDataset(processing_mode, service, dataset_id, job_name, max_outstanding_requests, timeout_ms,
                                data_transfer_protocol=data_transfer_protocol, auth_token=auth_token,
                                tls_files=(tls_ca, tls_cert, tls_key), element_spec=element_spec,

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Optional
 
 from dataservice.service.frame_compression import check_compression
+from dataservice.service.processing_modes import elastic_reader_id
 
 from dataservice.dispatcher.request_checks import MAX_TRAINER_ID_CHARS
 
@@ -83,6 +84,12 @@ class ReadOptions:
     cross_trainer_cache: Optional[CrossTrainerCache] = None
     target_workers: str = "AUTO"
     compression: Optional[str] = "AUTO"
+    #: distribute(..., deterministic=True): elements in split group order (distributed_epoch only).
+    deterministic: bool = False
+    #: Elastic readers: reader ``reader_index`` of ``num_readers`` takes every num_readers-th element of the
+    #: deterministic sequence (both or neither; need deterministic and a job_name).
+    num_readers: Optional[int] = None
+    reader_index: Optional[int] = None
 
     def __post_init__(self) -> None:
         if (self.consumer_index is None) != (self.num_consumers is None):
@@ -123,6 +130,30 @@ class ReadOptions:
             raise ValueError("target_workers='LOCAL' does not go with cross_trainer_cache: a local reader gets the "
                              "cached elements themselves, not copies, so one trainer changing an element in place "
                              "would change it for every other trainer. Use target_workers='AUTO' or 'ANY'")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be True or False, got {self.deterministic!r}")
+        if self.deterministic and (self.num_consumers is not None or self.cross_trainer_cache is not None):
+            what = "coordinated reads (num_consumers)" if self.num_consumers is not None else "cross_trainer_cache"
+            raise ValueError(f"deterministic=True does not go with {what}: those hand each element to whichever "
+                             f"consumer's turn it is, where a deterministic read gives one reader the split groups "
+                             f"in order")
+        if (self.num_readers is None) != (self.reader_index is None):
+            raise ValueError(f"num_readers and reader_index go together: set both (elastic readers) or neither, got "
+                             f"num_readers={self.num_readers!r}, reader_index={self.reader_index!r}")
+        if self.num_readers is not None:
+            if not _is_int(self.num_readers) or self.num_readers <= 0:
+                raise ValueError(f"num_readers must be a positive int (the trainers reading the job, one reader each), "
+                                 f"got {self.num_readers!r}")
+            if not _is_int(self.reader_index) or not 0 <= self.reader_index < self.num_readers:
+                raise ValueError(f"reader_index must be an int in [0, num_readers={self.num_readers}) (typically the "
+                                 f"trainer's rank), got {self.reader_index!r}")
+            if not self.deterministic or not self.job_name:
+                raise ValueError("num_readers and reader_index (elastic readers) need deterministic=True and a "
+                                 "job_name: the readers of one job_name share its deterministic sequence, reader i "
+                                 "taking elements i, i + num_readers, ...")
+        if self.deterministic and self.target_workers == "LOCAL":
+            raise ValueError("deterministic=True does not go with target_workers='LOCAL': the order takes every "
+                             "split group, whichever worker made it. Use target_workers='AUTO' or 'ANY'")
         # None, "AUTO" or a codec, upper case (dataservice.service.frame_compression): a bad name, or a codec
         # whose package is missing here, fails now rather than at the first element.
         object.__setattr__(self, "compression", check_compression(self.compression))
@@ -135,10 +166,14 @@ class ReadOptions:
     @property
     def trainer_id(self) -> str:
         """The cross-trainer cache's trainer id ("" without the cache)."""
+        if self.num_readers is not None:
+            return elastic_reader_id(self.reader_index)  # the worker keeps its elements for every reader
         return self.cross_trainer_cache.trainer_id if self.cross_trainer_cache is not None else ""
 
     def job_fields(self) -> dict:
         """The options the dispatcher records with the job (``GetOrCreateJobRequest`` fields)."""
         return {"num_consumers": self.num_consumers or 0,
                 "cross_trainer_cache": self.cross_trainer_cache is not None,
-                "target_workers": self.target_workers}
+                "target_workers": self.target_workers,
+                "deterministic": self.deterministic,
+                "num_readers": self.num_readers or 0}

@@ -35,7 +35,9 @@ from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
 from dataservice.data.read_stats import ReaderStats, ReaderStatsRecorder  # re-exported: the client's names
 from dataservice.client.read_ahead import ReadAhead
+from dataservice.client.group_order import GroupOrder, ReaderShare
 from dataservice.client.read_options import ReadOptions
+from dataservice.client.read_position import ReadPosition
 from dataservice.client.target_workers import WorkerTargeting
 from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
@@ -69,6 +71,8 @@ CLIENT_HEARTBEAT_INTERVAL_S = 1.0
 MAX_HEARTBEATS_PER_S = 50
 #: How long a worker may stay unreachable before the reader warns (once per task).
 UNREACHABLE_WARNING_S = 2.0
+#: Marks (ElementRun.mark) kept per split group: the consumer is rarely further behind the fetchers.
+MARKS_PER_GROUP = 8
 #: A fetcher's first wait before asking an unreachable worker again (doubling up to 1 s).
 FIRST_BACKOFF_S = 0.05
 
@@ -103,16 +107,21 @@ class _Credits:
     def _room(self) -> int:
         return self._window() - (self.total - self._free)
 
-    def acquire(self, most: int, timeout_s: float) -> int:
+    def acquire(self, most: int, timeout_s: float, privileged: Optional[Callable[[], bool]] = None) -> int:
+        """Up to ``most`` credits (0 after ``timeout_s``). ``privileged``: a deterministic read's fetcher that
+        may hold the group the consumer waits for asks it (under this lock) and, while it says so, takes its
+        share even past the window and the byte budget: the elements held back for their turn must never
+        starve the one the order waits for. That exceeds the bound by one request per such fetcher."""
         ticket = object()
         with self._cond:
             self._queue.append(ticket)
             try:
-                if not self._cond.wait_for(lambda: self._queue[0] is ticket and self._room() > 0
-                                           and self.buffered_bytes < MAX_BUFFERED_BYTES, timeout=timeout_s):
+                if not self._cond.wait_for(lambda: (self._queue[0] is ticket and self._room() > 0
+                                                    and self.buffered_bytes < MAX_BUFFERED_BYTES)
+                                           or (privileged is not None and privileged()), timeout=timeout_s):
                     return 0
                 share = max(1, self._window() // max(1, self.fetchers))
-                n = min(most, self._room(), share)
+                n = min(most, self._room(), share) if self._room() > 0 else min(most, share)
                 self._free -= n
                 return n
             finally:
@@ -123,6 +132,11 @@ class _Credits:
         with self._cond:
             self._free += n
             self.buffered_bytes += nbytes
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Something a ``privileged`` callable reads changed: waiting fetchers look again."""
+        with self._cond:
             self._cond.notify_all()
 
     def take_one(self) -> None:
@@ -153,7 +167,8 @@ class IterationReader:
     def __init__(self, dispatcher: DispatcherClient, job_id: int, repetition: int, max_outstanding_requests: int,
                  data_transfer_protocol: Optional[str] = None, timeout_ms: int = 60_000, job_name: str = "",
                  auth: Optional[ClusterAuth] = None, tls: Optional[TlsSettings] = None,
-                 started_at: Optional[float] = None, read_options: Optional[ReadOptions] = None):
+                 started_at: Optional[float] = None, read_options: Optional[ReadOptions] = None,
+                 position: Optional[ReadPosition] = None, start_index: int = 0):
         #: When the consumer first asked for an element (monotonic): ``stats().elapsed_s`` counts from here,
         #: and the wait until this reader exists (the dispatcher's calls) counts as stall.
         self.started_at = time.monotonic() if started_at is None else started_at
@@ -166,12 +181,14 @@ class IterationReader:
         self._timeout_s = timeout_ms / 1000
         self._job_name = job_name
         self._repetition = repetition
-        # Which workers this reader reads (target_workers); LOCAL without any worker here fails now.
-        self._targeting = WorkerTargeting(self._options.target_workers, dispatcher.address,
-                                          coordinated=self._options.coordinated)
+        # Which workers this reader reads (target_workers); LOCAL without any worker here fails now. A
+        # deterministic read reads every worker: each holds groups of the one order.
+        self._targeting = WorkerTargeting("ANY" if self._options.deterministic else self._options.target_workers,
+                                          dispatcher.address, coordinated=self._options.coordinated)
         self._targeting.check_before_reading()
         response = dispatcher.get_or_create_iteration(job_id, repetition,
-                                                      consumer_index=self._options.consumer_index)
+                                                      consumer_index=self._options.consumer_index,
+                                                      reader_index=self._options.reader_index)
         self.iteration_id = response.iteration_id
         self.client_id = response.client_id
         self._joined_existing = response.existing
@@ -204,6 +221,26 @@ class IterationReader:
         self._revoked: set[int] = set()
         self._current: list = []
         self._current_bytes = 0
+        #: Where the elements of ``_current`` come from (``read_position.Segment``s).
+        self._current_segments: list = []
+        #: distributed_epoch: what the consumer took (``state_dict``); None in other modes. A restored read
+        #: starts from the saved position, which its job's ResumePoint gave the dispatcher.
+        self._position = position
+        #: deterministic=True: the elements in split group order; and per task the group it sends now (None:
+        #: between two groups), to know which fetcher may hold the group the order waits for.
+        self._order = GroupOrder(position) if self._options.deterministic else None
+        #: Elastic readers: this reader's share of the order; and where in the sequence the read starts.
+        self._share = ReaderShare(self._options.num_readers, self._options.reader_index) \
+            if self._options.num_readers is not None else None
+        self._start_index = start_index
+        self._order_lock = threading.Lock()
+        self._released_at = time.monotonic()  # when the order last released elements (monotonic)
+        self._task_group: dict[int, Optional[int]] = {}
+        #: distributed_epoch: the workers' recent records of each group's iterator state (ElementRun.mark), group
+        #: -> [(offset, JSON)], oldest first: a saved position names one for each group taken in part, where a
+        #: restored read's worker seeks to. A restored read starts with the seeks it was given.
+        self._marks: dict[int, list] = {g: [seek] for g, seek in position.seeks.items()} \
+            if position is not None else {}
         self._pos = 0
         self._closed = False
         # stats(): the consumer's thread writes these, the heartbeat reads them (a snapshot, no lock).
@@ -224,9 +261,11 @@ class IterationReader:
 
     def __next__(self) -> Any:
         while self._pos >= len(self._current):
-            if self._current:
+            if self._current or self._current_segments:
                 self._credits.release(0, -self._current_bytes)
-                self._current, self._current_bytes, self._pos = [], 0, 0
+                if self._position is not None:
+                    self._position.took(self._current_segments)
+                self._current, self._current_bytes, self._current_segments, self._pos = [], 0, [], 0
             if self._closed:
                 raise StopIteration
             if self._out.empty():
@@ -242,7 +281,7 @@ class IterationReader:
             else:
                 item = self._next_item()
             self._end_on(item)
-            self._current, self._current_bytes = item
+            self._current, self._current_bytes, self._current_segments = item
             self._bytes_taken += self._current_bytes
             self._pos = 0
         element = self._current[self._pos]
@@ -254,11 +293,68 @@ class IterationReader:
     def _end_on(self, item: Any) -> None:
         """Ends the read when ``item`` is the end (StopIteration) or an error (raised), closing the reader."""
         if item is _END:
+            if self._share is not None:
+                self._share.end()
+            if self._order is not None and self._order.pending_groups():
+                self.close()
+                raise errors.ServiceError(
+                    f"deterministic read: the iteration ended with split group(s) {self._order.pending_groups()[:10]} "
+                    f"received but group {self._order.head} never complete; please report this")
             self.close()
             raise StopIteration
         if isinstance(item, BaseException):
             self.close()
             raise item
+
+    def position_state(self) -> dict:
+        """What ``state_dict()`` saves of this read (distributed_epoch; on the consumer's thread): the consumer's
+        position (``ReadPosition.to_state``), and for a deterministic read its index in the sequence
+        (``"position"``). For elastic readers that is the common position of all readers at this step,
+        ``num_readers`` times what this one took, named in groups and offsets from the order's group starts."""
+        if self._share is None:
+            position = self._with_seeks(self.position())
+            state = position.to_state()
+            # -1: the dynamic order has no index in a sequence (the key is there alike: see read_position).
+            state["position"] = self._start_index + self._credits.taken if self._order is not None else -1
+            return state
+        step = self._credits.taken * self._share.num_readers
+        at = self._share.group_at(step)
+        if at is None:  # nothing of the sequence passed yet: where the read started
+            state = (self._position or ReadPosition()).to_state()
+        else:
+            group, offset = at
+            done = OffsetSet([(0, group)]) if group else OffsetSet()
+            position = ReadPosition(done, {group: OffsetSet([(0, offset)])} if offset else {})
+            state = self._with_seeks(position).to_state()
+        state["position"] = self._start_index + step
+        return state
+
+    def _with_seeks(self, position: ReadPosition) -> ReadPosition:
+        """``position`` with, for each group taken in part, the latest mark at or before what was taken of it
+        from its start (a worker restoring it produces nothing taken twice). Drops the marks of done groups."""
+        with self._lock:
+            for group in [g for g in self._marks if g in position.done]:
+                del self._marks[group]
+            for group in position.partial:
+                prefix = position.prefix(group)
+                usable = [m for m in self._marks.get(group, ()) if 0 < m[0] <= prefix]
+                if usable:
+                    position.seeks[group] = usable[-1]
+        return position
+
+    def position(self) -> ReadPosition:
+        """What the consumer has taken so far (distributed_epoch; on the consumer's thread, between two
+        ``next()``): a copy, with the part of the current answer it took."""
+        if self._position is None:
+            raise ValueError("this reader does not track its position: only a distributed_epoch read does")
+        taken, prefix = self._pos, []
+        for group, first, count, total in self._current_segments:
+            if taken <= 0 and count:
+                break
+            n = min(count, taken)
+            taken -= n
+            prefix.append((group, first, n, total if n == count else -1))
+        return self._position.copy_with(prefix)
 
     def stats(self, _monotonic: Callable[[], float] = time.monotonic) -> ReaderStats:
         """This reader's counters (see ``ReaderStats``); safe from any thread (and at interpreter exit:
@@ -283,7 +379,10 @@ class IterationReader:
         while we wait (a slow pipeline still answers: empty, after its wait for a first element)."""
         started = time.monotonic()
         while True:
-            since = max(started, self._last_answer)
+            order = self._order
+            # A deterministic read holding later groups back waits for its head's elements, not for any answer.
+            held = order is not None and order.held > 0
+            since = max(started, self._released_at if held else self._last_answer)
             remaining = since + self._timeout_s - time.monotonic()
             if remaining > 0:
                 try:
@@ -296,6 +395,14 @@ class IterationReader:
                 # Static sharding: shards of listed workers that are missing (never registered, or lost) may
                 # never come, and no other worker produces them: said after timeout_ms, not awaited for ever.
                 waiting = self._waiting_for_workers
+                if held:
+                    message = (f"deterministic read: nothing of split group {order.head} came for "
+                               f"{int(self._timeout_s * 1000)} ms (timeout_ms) while {order.held} elements of the "
+                               f"groups after it ({order.pending_groups()[:8]}) wait for their turn; the workers "
+                               f"answer, but none sends that group. Is its worker stuck in the pipeline? Another "
+                               f"reader of the job reading as the same reader_index takes what is this one's")
+                    self.close()
+                    raise errors.ServiceUnavailableError(message) from None
                 if self._awaiting_the_end() and not waiting:
                     # Every task has delivered all it had: no worker is silent, the dispatcher's word on the
                     # end is awaited, and the heartbeat loop bounds that wait itself (timeout_ms to reach it).
@@ -401,6 +508,8 @@ class IterationReader:
                 return
             try:
                 self._targeting.check_dispatcher(response.dispatcher_incarnation)
+                if response.read_error:  # elastic readers restored at different positions
+                    raise errors.InvalidRequestError(response.read_error)
             except errors.DataServiceError as exc:
                 if not self._stop.is_set():
                     self._out.put(exc)
@@ -430,10 +539,15 @@ class IterationReader:
                 # iteration goes on while theirs do. A revoked task of its own may still resume.
                 more_expected = response.more_tasks_expected and not (
                     self._targeting.filters and not any(t in self._revoked for t in self._fetchers))
-            # The end: every task we know has ended, and a heartbeat taken after that shows no new one.
-            if all_done and not new and not self._dirty and not more_expected:
+            # The end: every task we know has ended, and a heartbeat taken after that shows no new one. Or a
+            # distributed_epoch iteration finished: clients hold every element of every split, so what a task of
+            # ours still has (a stopped worker not yet declared lost) was delivered by another, and is not awaited.
+            epoch_done = response.iteration_finished and self._fetchers and any(
+                t.processing_mode == state_pb2.DISTRIBUTED_EPOCH for t in response.tasks)
+            if epoch_done or (all_done and not new and not self._dirty and not more_expected):
                 self._warn_if_read_by_others()
-                self._out.put(_END)
+                with self._order_lock:
+                    self._out.put(_END)
                 return
             if fresh or (all_done and not more_expected):
                 continue  # confirm the revocation, or report the last progress, at once
@@ -470,12 +584,14 @@ class IterationReader:
                 "left)", self._job_name, self._repetition)
 
     # --- fetchers -------------------------------------------------------------------
-    def _accept(self, task_id: int, elements: list, runs) -> Optional[list]:
-        """The elements of a response we do not hold yet; None once the task is revoked."""
+    def _accept(self, task_id: int, elements: list, runs) -> Optional[tuple[list, list]]:
+        """The elements of a response we do not hold yet, and the segments numbering them (group, first
+        offset, count, the group's total if it ended there); None once the task is revoked."""
         with self._lock:
             if task_id in self._revoked:
                 return None
             keep: list = []
+            segments: list = []
             i = 0
             split_ended = False
             for run in runs:
@@ -486,6 +602,7 @@ class IterationReader:
                 first, end = run.first_offset, run.first_offset + run.count
                 for a, b in held.missing(first, end):
                     keep.extend(elements[i + a - first:i + b - first])
+                    segments.append((run.split_index, a, b - a, -1))
                 held.add(first, end)
                 if self._options.cross_trainer_cache is not None and first:
                     # A cached trainer never gets what it skipped (evicted before it read it): held, for
@@ -493,16 +610,43 @@ class IterationReader:
                     # could not deliver to this reader comes back to this reader alone, before anything
                     # later: trainer_cache.TrainerCache keys it by trainer and client id.)
                     held.add(0, first)
-                if run.split_total >= 0:
+                if run.mark and self._position is not None:
+                    marks = self._marks.setdefault(run.split_index, [])
+                    if not marks or marks[-1][0] < run.mark_offset:
+                        marks.append((run.mark_offset, run.mark.decode()))
+                        del marks[:-MARKS_PER_GROUP]
+                if run.split_total >= 0 and key not in self._totals:  # a group redone elsewhere ends twice
                     self._totals[key] = run.split_total
                     split_ended = True
+                    last = segments[-1] if segments else None
+                    if last is not None and last[0] == run.split_index and last[1] + last[2] == run.split_total:
+                        segments[-1] = last[:3] + (run.split_total,)
+                    else:
+                        segments.append((run.split_index, run.split_total, 0, run.split_total))
                 self._dirty.add(key)
                 i += run.count
             if not runs:
                 keep = elements
+            if runs:
+                last_run = runs[-1]
+                self._task_group[task_id] = last_run.split_index if last_run.split_total < 0 else None
         if split_ended:
             self._wake.set()  # tell the dispatcher soon: it is waiting for split ends to finish the job
-        return keep
+        return keep, segments
+
+    def _may_hold_head(self, task_id: int) -> bool:
+        """deterministic=True: whether this task may send the group the order waits for: it sends it now,
+        or is between groups (its next may be it), or no task is known to send it (a group redone after a
+        worker loss, queued behind others on its new task)."""
+        head = self._order.head
+        current = self._task_group.get(task_id)
+        if current is None or current == head:
+            return True
+        try:  # read without the reader's lock (this runs under the credits' lock): a set may change meanwhile
+            ended = self._revoked | self._finished_tasks
+        except RuntimeError:
+            return True  # asked again at the next wake-up
+        return not any(g == head and t not in ended for t, g in list(self._task_group.items()))
 
     def _answered(self, task_id: int) -> None:
         self._last_answer = self._answered_at[task_id] = time.monotonic()
@@ -564,9 +708,10 @@ class IterationReader:
         transport = self._open_transport(task)
         backoff = FIRST_BACKOFF_S
         read_key = task_read_key(self._read_key, task_id)
+        privileged = (lambda: self._may_hold_head(task_id)) if self._order is not None else None
         try:
             while not self._stop.is_set() and task_id not in self._revoked:
-                n = self._credits.acquire(self._max_per_request, timeout_s=0.5)
+                n = self._credits.acquire(self._max_per_request, timeout_s=0.5, privileged=privileged)
                 if n == 0:
                     continue
                 wait_ms = GET_ELEMENTS_WAIT_MS if self._credits.total >= self._credits.fetchers \
@@ -610,14 +755,33 @@ class IterationReader:
             self._out.put(errors.ServiceError(f"task {task.task_id}: a malformed frame of elements from "
                                               f"{task.worker_address}: {exc}"))
             return False
-        kept = self._accept(task.task_id, elements, head.runs)
-        if kept is None:
-            self._credits.release(n)
-            return False
-        nbytes = frame.nbytes if kept else 0
-        self._credits.release(n - len(kept), nbytes)
-        if kept:
-            self._received_any = True
-            self._out.put((kept, nbytes))
+        # Accepted and queued under one lock: the end of a finished epoch (_heartbeat_loop) is queued after
+        # whatever was accepted, and so reported held, before it; and the order's chunks go in its order.
+        with self._order_lock:
+            accepted = self._accept(task.task_id, elements, head.runs)
+            if accepted is None:
+                self._credits.release(n)
+                return False
+            kept, segments = accepted
+            nbytes = frame.nbytes if kept else 0
+            self._credits.release(n - len(kept), nbytes)
+            if kept:
+                self._received_any = True
+            if self._order is not None:
+                head_before = self._order.head
+                chunks = self._order.add(kept, nbytes, segments)
+                if self._share is not None:
+                    dropped = self._share.dropped
+                    chunks = self._share.feed(chunks)
+                    if self._share.dropped > dropped:
+                        self._credits.release(self._share.dropped - dropped)  # other readers' elements
+                if chunks:
+                    self._released_at = time.monotonic()
+                for chunk in chunks:
+                    self._out.put(chunk)
+                if self._order.head != head_before:
+                    self._credits.wake()  # another fetcher may hold the new head
+            elif kept or (segments and self._position is not None):
+                self._out.put((kept, nbytes, segments))
         return not head.end_of_sequence
 

@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import pickle
 import threading
@@ -344,7 +345,8 @@ def _digest_node(node: Any, digest: Any, seen: dict) -> None:
     seen[id(node)] = len(seen)
     cls = type(node)
     digest.update(f"node {cls.__module__}.{cls.__qualname__}(".encode())
-    getstate = getattr(node, "__getstate__", None)
+    identity = getattr(node, "_checkpoint_identity", None)  # a node whose settings include run-time details
+    getstate = identity if callable(identity) else getattr(node, "__getstate__", None)
     attributes = getstate() if callable(getstate) else vars(node)
     if not isinstance(attributes, dict):
         attributes = vars(node)
@@ -382,19 +384,48 @@ def _digest_value(value: Any, digest: Any, seen: dict, dataset_type: type) -> No
         digest.update(f"{type(value).__name__} {value!r};".encode())
     elif isinstance(value, types.FunctionType):
         _digest_function(value, digest, seen, dataset_type)
+    elif callable(value) and not isinstance(value, type):
+        _digest_callable(value, digest, seen, dataset_type)
     else:
         digest.update(_object_digest(value).encode() + b";")
 
 
-_SIMPLE_GLOBALS = (bool, int, float, str, bytes, type(None), np.ndarray, np.generic)
+def _digest_callable(fn: Any, digest: Any, seen: dict, dataset_type: type) -> None:
+    """A callable that is not a plain function: a ``functools.partial`` by its function and arguments, a bound
+    method by its function and its object's type, anything else (an object with ``__call__``) by its type. Not
+    by its pickle: a callable's pickle carries what it refers to as the pipeline runs (its module's globals,
+    when it travels by value; its object's attributes), so the same pipeline would not match itself."""
+    if isinstance(fn, functools.partial):
+        digest.update(b"partial(")
+        _digest_setting(fn.func, digest, seen, dataset_type)
+        _digest_setting(tuple(fn.args), digest, seen, dataset_type)
+        for name in sorted(fn.keywords or {}):
+            digest.update(name.encode() + b"=")
+            _digest_setting(fn.keywords[name], digest, seen, dataset_type)
+        digest.update(b");")
+    elif isinstance(fn, types.MethodType):
+        digest.update(f"method of {type(fn.__self__).__module__}.{type(fn.__self__).__qualname__}(".encode())
+        _digest_setting(fn.__func__, digest, seen, dataset_type)
+        digest.update(b");")
+    else:
+        # A builtin or a numpy ufunc has a name of its own (np.sqrt is not np.exp); an object with __call__ its type.
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+        owner = type(fn)
+        what = f"{getattr(fn, '__module__', None) or owner.__module__}.{name}" if isinstance(name, str) \
+            else f"{owner.__module__}.{owner.__qualname__}"
+        digest.update(f"callable {what};".encode())
+
+
+_PLAIN_VALUES = (bool, int, float, str, bytes, type(None), np.ndarray, np.generic)
 
 
 def _digest_function(fn: types.FunctionType, digest: Any, seen: dict, dataset_type: type) -> None:
     """A function by what it does: its code (bytecode, constants, names; not its file or line numbers, so
-    an edit elsewhere in the file keeps the pipeline's identity), and the settings it reads — its defaults,
-    its closure and the globals it names — where they are plain values (numbers, strings, arrays), other
-    functions or datasets. Any other object there counts by its type only: a tokenizer's cache, a counter
-    or a logger changes as the pipeline runs, and a pipeline rebuilt after a restart must match."""
+    an edit elsewhere in the file keeps the pipeline's identity), the settings it is given — its defaults and
+    its closure — where they are plain values (numbers, strings, arrays), other functions or datasets, and the
+    helper functions beside it that it calls. Any other object there counts by its type only, and a global by
+    its name only: a tokenizer's cache, a counter or a table loaded on first use changes as the pipeline runs,
+    and a pipeline rebuilt after a restart must match."""
     if id(fn) in seen:
         digest.update(b"fnref%d;" % seen[id(fn)])
         return
@@ -413,18 +444,18 @@ def _digest_function(fn: types.FunctionType, digest: Any, seen: dict, dataset_ty
             digest.update(b"empty;")
     for name in _global_names(fn.__code__):
         value = fn.__globals__.get(name, _MISSING)
-        if isinstance(value, _SIMPLE_GLOBALS):
-            digest.update(name.encode() + b"=")
-            _digest_setting(value, digest, seen, dataset_type)
-        elif isinstance(value, types.FunctionType) and value.__module__ == fn.__module__:
-            _digest_function(value, digest, seen, dataset_type)  # a helper beside it
+        # A global counts by its name (in co_names, digested with the code), not its value: a module's globals
+        # change as it runs (a counter, a table loaded on first use), and a restored pipeline must match. Only
+        # a helper function beside it counts by what it does.
+        if isinstance(value, types.FunctionType) and value.__module__ == fn.__module__:
+            _digest_function(value, digest, seen, dataset_type)
     digest.update(b");")
 
 
 def _digest_setting(value: Any, digest: Any, seen: dict, dataset_type: type) -> None:
     """What a function reads: plain values, tuples of them, functions and datasets by content; any other
     object by its type (see ``_digest_function``)."""
-    if isinstance(value, (_SIMPLE_GLOBALS, types.FunctionType, dataset_type)):
+    if isinstance(value, (_PLAIN_VALUES, types.FunctionType, dataset_type)):
         _digest_value(value, digest, seen, dataset_type)
     elif type(value) is tuple or type(value) is frozenset:
         digest.update(b"(")

@@ -26,11 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from dataservice.data import structure
-from dataservice.data.checkpoint import ChunkIterator, NodeIterator, close_input, field
+from dataservice.data.checkpoint import ChunkIterator, NodeIterator, field
 from dataservice.data.dataset import Dataset, IteratorContext
 
 __all__ = ["SplittableSource", "RangeDataset", "TensorSlicesDataset", "TensorsDataset", "GeneratorDataset",
-           "ListFilesDataset", "FileListSource", "ProvidedSplits", "split_size_for", "MAX_SPLIT_ELEMENTS"]
+           "ListFilesDataset", "FileListSource", "split_size_for", "MAX_SPLIT_ELEMENTS"]
 
 #: Largest number of elements in one split of an indexed source.
 MAX_SPLIT_ELEMENTS = 4096
@@ -55,30 +55,6 @@ def split_size_for(num_elements: int) -> int:
     return size
 
 
-class ProvidedSplits:
-    """The elements of the splits a split provider hands out (distributed_epoch on a worker). Which splits
-    were read is the provider's to know (the service's dispatcher), not this iterator's: it has no
-    ``save`` (not a NodeIterator), so ``state_dict()`` says why
-    (``SplittableSource._not_checkpointable_reason``).
-
-    Example::
-
-        >>> ProvidedSplits(x for i in provider for x in source.read_split(i))
-    """
-
-    __slots__ = ("__next__", "_closing")
-
-    def __init__(self, elements: Iterator, closing: Optional[Iterator] = None):
-        self._closing = elements if closing is None else closing  # what close() closes
-        self.__next__ = elements.__next__
-
-    def __iter__(self) -> "ProvidedSplits":
-        return self
-
-    def close(self) -> None:
-        close_input(self._closing)
-
-
 class _SplitCursor:
     __slots__ = ("split", "offset", "counter")
 
@@ -92,24 +68,43 @@ _SEEKABLE = (type(iter([])), type(iter(())))
 _END = object()
 
 
-def _split_elements(source: "SplittableSource", cursor: _SplitCursor, where: str) -> Iterator:
+def _opened(source: "SplittableSource", index: int, skip: int, where: str) -> Iterator:
+    """Split ``index``'s elements after the first ``skip``: a list's (or tuple's) iterator seeks, any other
+    reads again up to the position, within the split."""
+    items = source.read_split(index)
+    if skip:
+        left = operator.length_hint(items, -1) if type(items) in _SEEKABLE else -1
+        if 0 <= left < skip:
+            raise ValueError(f"the iterator state does not fit {where}: split {index} has {left} "
+                             f"elements, fewer than the saved 'offset' {skip}")
+        if left >= 0:
+            items.__setstate__(skip)
+        else:
+            for _ in range(skip):
+                if next(items, _END) is _END:
+                    raise ValueError(f"the iterator state does not fit {where}: split {index} ended "
+                                     f"before the saved 'offset' {skip}")
+    return items
+
+
+def _split_elements(source: "SplittableSource", cursor: _SplitCursor, where: str,
+                    provider: Optional[Iterator[int]] = None) -> Iterator:
+    """The split iterators from the cursor's on (``chain`` flattens them): every split of the source, or
+    (``provider``) the splits it hands out, ``cursor.split`` counting those passed."""
     count = source.num_source_splits()
     take = operator.itemgetter(1)
-    while cursor.split < count:
-        items = source.read_split(cursor.split)
+    if provider is None:
+        indices = iter(range(cursor.split, count))
+    else:
+        for _ in range(cursor.split):  # a restored position: the splits read before it
+            if next(provider, _END) is _END:
+                raise ValueError(f"the iterator state does not fit {where}: it passed {cursor.split} of the splits "
+                                 f"handed out, and fewer were")
+        # Under repeat() a provider numbers the splits of every epoch.
+        indices = (index % count if count else index for index in provider)
+    for index in indices:
         skip, cursor.offset = cursor.offset, 0
-        if skip:
-            left = operator.length_hint(items, -1) if type(items) in _SEEKABLE else -1
-            if 0 <= left < skip:
-                raise ValueError(f"the iterator state does not fit {where}: split {cursor.split} has {left} "
-                                 f"elements, fewer than the saved 'offset' {skip}")
-            if left >= 0:
-                items.__setstate__(skip)  # a list's iterator seeks
-            else:
-                for _ in range(skip):  # any other iterator: read again up to the position, within the split
-                    if next(items, _END) is _END:
-                        raise ValueError(f"the iterator state does not fit {where}: split {cursor.split} ended "
-                                         f"before the saved 'offset' {skip}")
+        items = _opened(source, index, skip, where)
         cursor.counter = counter = enumerate(items, skip)
         yield map(take, counter)  # in C: counting costs no Python step per element
         cursor.counter = None
@@ -117,18 +112,21 @@ def _split_elements(source: "SplittableSource", cursor: _SplitCursor, where: str
 
 
 class _SplitsIterator(NodeIterator):
-    """Every split of a source in order. State: ``{"split": index, "offset": elements of it already
-    taken}``. Restoring opens that split and seeks its iterator when it is a list's (or a tuple's), else
-    reads the split again up to the offset: a source whose splits are large iterators of their own
-    (files, chunks) overrides ``_read_all`` with a reader that seeks."""
+    """Every split of a source in order, or (``provider``: distributed_epoch on a worker) the splits a split
+    provider hands out. State: ``{"split": index (of splits handed out: how many were passed), "offset":
+    elements of it already taken}``. Restoring opens that split and seeks its iterator when it is a list's
+    (or a tuple's), else reads the split again up to the offset: a source whose splits are large iterators
+    of their own (files, chunks) overrides ``_read_all`` and ``_read_provided`` with a reader that seeks. A
+    provider restored is a new one handing out the same splits (a worker's group: ``SplitGroups.splits``)."""
 
     __slots__ = ("__next__", "_cursor", "_count", "_where", "_elements")
 
-    def __init__(self, source: "SplittableSource"):
+    def __init__(self, source: "SplittableSource", provider: Optional[Iterator[int]] = None):
         self._cursor = _SplitCursor()
         self._where = source._describe()
-        self._count = source.num_source_splits()
-        self._elements = _split_elements(source, self._cursor, self._where)
+        # Handed out: as many as the provider has, which only reading it tells.
+        self._count = source.num_source_splits() if provider is None else None
+        self._elements = _split_elements(source, self._cursor, self._where, provider)
         self.__next__ = itertools.chain.from_iterable(self._elements).__next__
 
     def save(self) -> dict:
@@ -140,7 +138,7 @@ class _SplitsIterator(NodeIterator):
     def restore(self, state: Any) -> None:
         split = field(state, "split", int, self._where)
         offset = field(state, "offset", int, self._where)
-        if split > self._count or (split == self._count and offset):
+        if self._count is not None and (split > self._count or (split == self._count and offset)):
             raise ValueError(f"malformed iterator state for {self._where}: 'split' must be < {self._count} (its "
                              f"number of splits), got {split} (offset {offset})")
         self._cursor.split, self._cursor.offset = split, offset
@@ -174,19 +172,7 @@ class SplittableSource(Dataset):
         return _SplitsIterator(self)
 
     def _read_provided(self, provider: Iterator[int]) -> Iterator:
-        return ProvidedSplits(self._provided_elements(provider))
-
-    def _provided_elements(self, provider: Iterator[int]) -> Iterator:
-        n = self.num_source_splits()
-        for index in provider:
-            # Under repeat() a provider numbers the splits of every epoch.
-            yield from self.read_split(index % n if n else index)
-
-    def _not_checkpointable_reason(self) -> str:
-        # Only an iterator over provided splits has no save(): the others seek.
-        return ("it reads the splits a split provider hands out (distributed_epoch on a worker), whose position "
-                "the service's dispatcher keeps, not the iterator; checkpoint a local pipeline, or the "
-                "trainer's side of the service")
+        return _SplitsIterator(self, provider)
 
 
 def _range_argument(name: str, value: Any) -> int:

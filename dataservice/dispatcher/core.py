@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import itertools
 import logging
+import math
 import secrets
 import threading
 import time
@@ -31,11 +32,11 @@ from typing import Callable, Iterable, Optional, Protocol
 from dataservice import errors
 from dataservice.data.dataset import INFINITE_CARDINALITY
 from dataservice.data.serialization import registered_cardinality
-from dataservice.dispatcher import saves, scaling, static_workers
+from dataservice.dispatcher import request_checks, saves, scaling, static_workers
 from dataservice.dispatcher.client_stats import ClientStats, LoadReports, WorkerRecommendation
 from dataservice.dispatcher.coordinated_rounds import RoundCoordinator, rotation_of
 from dataservice.dispatcher.rpc_stats import RpcStats
-from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey
+from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey, resume_digest
 from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.addresses import parse_address
@@ -109,7 +110,8 @@ INFINITE = -1
 
 def _read_options(job) -> tuple:
     """A job's (or a GetOrCreateJobRequest's) read options, which every reader of a named job shares."""
-    return job.num_consumers, bool(job.cross_trainer_cache), (job.target_workers or "AUTO").upper()
+    return job.num_consumers, bool(job.cross_trainer_cache), (job.target_workers or "AUTO").upper(), \
+        bool(job.deterministic), job.num_readers
 
 
 def _shown_dataset(job) -> str:
@@ -118,9 +120,9 @@ def _shown_dataset(job) -> str:
 
 
 def _shown_read_options(job) -> str:
-    num_consumers, cache, target = _read_options(job)
+    num_consumers, cache, target, deterministic, num_readers = _read_options(job)
     return f"num_consumers={num_consumers or None}, cross_trainer_cache={'on' if cache else 'off'}, " \
-           f"target_workers={target!r}"
+           f"target_workers={target!r}, deterministic={deterministic}, num_readers={num_readers or None}"
 
 
 class DispatcherCore:
@@ -142,6 +144,11 @@ class DispatcherCore:
         self._worker_seen: dict[str, float] = {}
         self._worker_seen_unix: dict[str, float] = {}
         self._client_seen: dict[int, float] = {}
+        #: Jobs whose readers must stop, and why (elastic readers restored at different positions); not journaled.
+        self._read_errors: dict[int, str] = {}
+        #: (iteration, reader index) -> (request token, client id) of the reader that claimed it: a retry of that
+        #: request (its answer lost) may claim it again; nobody else may. In memory: soft state.
+        self._reader_claims: dict[tuple, tuple] = {}
         # Revoked task -> clients that have not yet confirmed they stopped reading it (volatile:
         # after a restart every current client is asked again).
         self._awaiting_stop: dict[int, set] = {}
@@ -271,6 +278,8 @@ class DispatcherCore:
                 f"back could not enter the consumers' rotation at a common round. Use parallel_epochs "
                 f"(ShardingPolicy.OFF) with coordinated reads")
         static_workers.check_static_job(self.config, req.processing_mode)
+        resume = req.resume if req.HasField("resume") else None
+        request_checks.check_resumable_job(req, resume)
         with self._cond:
             dataset = self._dataset(req.dataset_id)
             if req.processing_mode == state_pb2.DISTRIBUTED_EPOCH and dataset.num_splits == NOT_SPLITTABLE:
@@ -295,7 +304,9 @@ class DispatcherCore:
             if req.job_name:
                 # As in tf.data service, a job name is scoped by the dataset id the reader names: readers
                 # naming other ids (even other names of this pipeline) under this name read other jobs.
-                key = JobKey(req.job_name, req.dataset_id, req.dataset_name)
+                key = JobKey(req.job_name, req.dataset_id, req.dataset_name, resume_digest(resume))
+                if resume is not None and req.num_readers:
+                    self._check_restored_position(req, key)
                 job_id = self.state.jobs_by_key.get(key)
                 if job_id is not None:
                     job = self.state.jobs[job_id]
@@ -324,13 +335,43 @@ class DispatcherCore:
                 job_id=job_id, job_name=req.job_name, dataset_id=req.dataset_id,
                 processing_mode=req.processing_mode, num_consumers=req.num_consumers,
                 cross_trainer_cache=req.cross_trainer_cache, target_workers=req.target_workers or "AUTO",
-                dataset_name=req.dataset_name if req.job_name else "")))
+                dataset_name=req.dataset_name if req.job_name else "", deterministic=req.deterministic,
+                resume=resume, num_readers=req.num_readers)))
             self._event("create_job", job_id=job_id, job_name=req.job_name)
             if collected is not None:
                 self._event("recreate_job", job_name=req.job_name, job_id=job_id, old_job_id=collected.job_id)
                 log.info("job name %r: job %d was garbage collected, created job %d under the name",
                          req.job_name, collected.job_id, job_id)
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
+
+    def _check_restored_position(self, req: dispatcher_pb2.GetOrCreateJobRequest, key: JobKey) -> None:
+        """Elastic readers restoring under one job name must restore one position: readers restoring states
+        of another step, whose readers are alive (heard from within a few heartbeats), make this one fail,
+        and them with it (``ClientHeartbeatResponse.read_error``), rather than each wait for the others."""
+        recent = self._clock() - 3 * self._client_heartbeat_s()
+        for job in self.state.jobs.values():
+            if (job.key[:3] != key[:3] or job.key == key or not job.num_readers or job.resume is None
+                    or job.job_id in self._read_errors):
+                continue
+            live = [c for i in job.iterations.values() for c in self.state.iterations[i].clients
+                    if self._client_seen.get(c, -math.inf) >= recent]
+            if not live:
+                continue  # a restore whose readers are gone (a trainer killed again): no disagreement
+            message = (f"job {req.job_name!r}: readers restored states saved at different steps: one at position "
+                       f"{req.resume.position} of the deterministic sequence, others at position "
+                       f"{job.resume.position}. Restore every reader from states saved at the same step (the states "
+                       f"of one step name the same position, whichever reader saved them)")
+            self._read_errors[job.job_id] = message
+            self._event("conflicting_restore", job_id=job.job_id, position=req.resume.position)
+            raise errors.InvalidRequestError(message)
+
+    @staticmethod
+    def _check_reader_index(job, iteration, reader_index: Optional[int]) -> None:
+        """An elastic job's reader says which of its ``num_readers`` it is."""
+        if reader_index is None or not 0 <= reader_index < job.num_readers:
+            raise errors.InvalidRequestError(
+                f"GetOrCreateIteration: job {job.name!r} is read by {job.num_readers} elastic readers, so each reader "
+                f"must give its reader_index in [0, {job.num_readers}), got {reader_index}")
 
     def _job_collected(self, job) -> bool:
         """Every iteration of ``job`` was garbage collected and no client is left on it."""
@@ -379,6 +420,22 @@ class DispatcherCore:
                 raise errors.NotFoundError(
                     f"iteration {req.repetition} of job {req.job_id} was garbage collected: no client read it for "
                     f"{self.config.job_gc_timeout_ms} ms{hint}")
+            reader_index = req.reader_index if req.HasField("reader_index") else None
+            if job.num_readers:
+                self._check_reader_index(job, iteration, reader_index)
+                earlier = self._reader_claims.get((iteration.iteration_id, reader_index))
+                if earlier is not None and hmac.compare_digest(earlier[0], req.request_token):
+                    if earlier[1] in self.state.clients:
+                        self._release_client(earlier[1])  # this request's own client, whose answer was lost
+                elif reader_index in iteration.claimed_readers:
+                    raise errors.InvalidRequestError(
+                        f"GetOrCreateIteration: reader_index {reader_index} of job {job.name!r} (iteration "
+                        f"{req.repetition}) was read by another reader already, which took its share of the "
+                        f"elements so far. A restarted trainer restores its iterator state (load_state_dict), "
+                        f"which reads a job of its own; to read the dataset again from its start, use a new job_name")
+            elif reader_index is not None:
+                raise errors.InvalidRequestError(f"GetOrCreateIteration: reader_index {reader_index} for job "
+                                                 f"{job.job_id}, which was not created with num_readers")
             consumer_index = None
             if job.num_consumers:
                 consumer_index = req.consumer_index if req.HasField("consumer_index") else None
@@ -388,7 +445,10 @@ class DispatcherCore:
                     self._release_client(retried)  # this request's own client, whose answer was lost
             client_id = self.state.next_id()
             self._commit(state_pb2.Update(acquire_iteration_client=state_pb2.AcquireIterationClientUpdate(
-                client_id=client_id, iteration_id=iteration.iteration_id, consumer_index=consumer_index)))
+                client_id=client_id, iteration_id=iteration.iteration_id, consumer_index=consumer_index,
+                reader_index=reader_index)))
+            if reader_index is not None:
+                self._reader_claims[(iteration.iteration_id, reader_index)] = (req.request_token, client_id)
             self._client_seen[client_id] = self._clock()
             if job.num_consumers:
                 self._rounds.joined(client_id, req.request_token)
@@ -481,6 +541,7 @@ class DispatcherCore:
                                       data_address=self.state.workers[task.worker_address].data_address,
                                       read_key=task_read_key(iteration.read_key, task_id) if for_worker else b"",
                                       num_consumers=job.num_consumers, cross_trainer_cache=job.cross_trainer_cache,
+                                      num_readers=job.num_readers,
                                       **_worker_fields(self.state.workers[task.worker_address]),
                                       **static_workers.task_fields(self.config, job, task))
 
@@ -520,8 +581,9 @@ class DispatcherCore:
                     self.state.jobs[iteration.job_id].name, req.stats.elements, req.stats.bytes,
                     req.stats.stall_us / 1e6, req.stats.elapsed_us / 1e6, now=self._clock(), now_unix=time.time())
             if req.progress and not iteration.finished:
+                reader = client.reader_index + 1 if client.reader_index is not None else 0
                 self._commit(state_pb2.Update(record_progress=state_pb2.RecordProgressUpdate(
-                    iteration_id=iteration.iteration_id, progress=req.progress)))
+                    iteration_id=iteration.iteration_id, progress=req.progress, reader=reader)))
                 self._maybe_finish_iteration(iteration.iteration_id)
             for task_id in req.stopped_tasks:
                 waiting = self._awaiting_stop.get(task_id)
@@ -540,7 +602,8 @@ class DispatcherCore:
                 heartbeat_interval_ms=int(self._client_heartbeat_s() * 1000),
                 more_tasks_expected=self._more_tasks_expected(iteration),
                 waiting_for_workers=static_workers.waiting_for(self.state, self.config, iteration,
-                                                               self._worker_lost))
+                                                               self._worker_lost),
+                read_error=self._read_errors.get(iteration.job_id, ""))
             if coordinated:
                 response.block_round = self._rounds.block_round(iteration.iteration_id)
                 response.rotation.extend(dispatcher_pb2.RotationSlot(task_id=t, starting_round=s)
@@ -844,7 +907,8 @@ class DispatcherCore:
                 # A retry: the answer was lost (say, the dispatcher died after journaling it).
                 # The same split again, or it would stay leased to this task and never be produced.
                 held = _held_ranges(iteration, (task.stream_id, task.last_split))
-                return dispatcher_pb2.GetSplitResponse(split_index=task.last_split, skip_ranges=held)
+                return dispatcher_pb2.GetSplitResponse(split_index=task.last_split, skip_ranges=held,
+                                                       **self._seek(iteration, task.last_split))
             while True:
                 if iteration.finished or task.revoked:
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
@@ -855,13 +919,19 @@ class DispatcherCore:
                             reassigned=True, request_id=req.request_id)))
                         self._event("reassign_split", split=key[1], task_id=req.task_id, from_task=revoked_task)
                         return dispatcher_pb2.GetSplitResponse(split_index=key[1],
-                                                               skip_ranges=_held_ranges(iteration, key))
-                if num_splits == INFINITE or iteration.next_split < num_splits:
-                    split = iteration.next_split
+                                                               skip_ranges=_held_ranges(iteration, key),
+                                                               **self._seek(iteration, key[1]))
+                split = iteration.next_split
+                while (0, split) in iteration.done:  # a restored read's groups taken before its state was saved
+                    split += 1
+                if num_splits == INFINITE or split < num_splits:
                     self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
                         iteration_id=req.iteration_id, task_id=req.task_id, split_index=split,
                         request_id=req.request_id)))
-                    return dispatcher_pb2.GetSplitResponse(split_index=split)
+                    # A restored read's group taken in part is produced without what was taken of it.
+                    return dispatcher_pb2.GetSplitResponse(split_index=split,
+                                                           skip_ranges=_held_ranges(iteration, (0, split)),
+                                                           **self._seek(iteration, split))
                 if not iteration.leases and not iteration.pending:
                     self._maybe_finish_iteration(iteration.iteration_id)
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
@@ -870,6 +940,16 @@ class DispatcherCore:
                     return dispatcher_pb2.GetSplitResponse(wait=True)
                 with self._long_poll():
                     self._wait(state, remaining)
+
+    def _seek(self, iteration, group: int) -> dict:
+        """A restored read's first iteration: where the worker of a group taken in part seeks to."""
+        resume = self.state.jobs[iteration.job_id].resume
+        if resume is None or iteration.repetition:
+            return {}
+        for seek in resume.seeks:
+            if seek.group == group:
+                return {"seek_offset": seek.offset, "seek_state": seek.state}
+        return {}
 
     # --- distributed_save ----------------------------------------------------------------
     def distributed_save(self, req: dispatcher_pb2.DistributedSaveRequest) -> dispatcher_pb2.DistributedSaveResponse:

@@ -34,6 +34,9 @@ __all__ = ["check_request", "check_get_elements", "MAX_JOB_NAME_CHARS", "MAX_WOR
            "MAX_TASK_IDS", "MAX_PROGRESS_SPLITS", "MAX_PROGRESS_RANGES", "MAX_REPETITION", "MAX_WAIT_MS",
            "MAX_DATASET_NAME_CHARS", "DATASET_NAME_RULE", "dataset_name_problem", "shown_name"]
 
+#: GetOrCreateJob.resume.seeks[].state: a group iterator's state as a worker recorded it (task_runner.MAX_MARK_BYTES,
+#: with room for another version's larger states).
+MAX_SEEK_STATE_BYTES = 64 * 1024
 #: GetOrCreateJob.job_name: a name people choose and read in ``dataservice status``.
 MAX_JOB_NAME_CHARS = 256
 #: RegisterDataset.dataset_name and GetDatasetId.dataset_name: a dataset id people choose
@@ -172,12 +175,75 @@ def _get_or_create_job(req: dispatcher_pb2.GetOrCreateJobRequest, config: Dispat
         raise errors.InvalidRequestError(f"{rpc}: job_name {name!r} holds the unprintable character {bad!r}: "
                                          f"use a name people can read in `dataservice status`")
     _in_range(rpc, "num_consumers", req.num_consumers, 0, MAX_CONSUMERS, "(0: no coordinated reads)")
+    _in_range(rpc, "num_readers", req.num_readers, 0, MAX_CONSUMERS, "(0: no elastic readers)")
     if req.target_workers and (len(req.target_workers) > MAX_COMPRESSION_CHARS or
                                req.target_workers.upper() not in _TARGET_WORKERS):
         raise errors.InvalidRequestError(f"{rpc}: target_workers {shown_name(req.target_workers)} is not one of "
                                          f"{', '.join(repr(t) for t in _TARGET_WORKERS)} ('': AUTO)")
     if req.dataset_name:  # "": the reader named the numeric id
         _dataset_name(rpc, req.dataset_name)
+    if req.HasField("resume"):
+        _check_resume_point(rpc, req.resume)
+
+
+def _check_resume_point(rpc: str, resume: state_pb2.ResumePoint) -> None:
+    """A restored read's start: done groups as sorted, disjoint [start, end) ranges; taken offsets of
+    groups of stream 0 (as delivered offsets are checked)."""
+    flat = list(resume.done_groups)
+    if len(flat) % 2:
+        raise errors.InvalidRequestError(f"{rpc}: resume.done_groups has {len(flat):,} numbers, an odd count: it "
+                                         f"must hold [start, end) pairs")
+    if len(flat) // 2 > MAX_PROGRESS_RANGES:
+        raise errors.InvalidRequestError(f"{rpc}: resume.done_groups holds more than {MAX_PROGRESS_RANGES:,} ranges")
+    previous = 0
+    for j in range(0, len(flat), 2):
+        if not previous <= flat[j] < flat[j + 1]:
+            raise errors.InvalidRequestError(
+                f"{rpc}: resume.done_groups[{j}:{j + 2}] is [{flat[j]}, {flat[j + 1]}): ranges must be sorted, "
+                f"disjoint, with 0 <= start < end")
+        previous = flat[j + 1]
+    _check_progress(f"{rpc} (resume.partial)", resume.partial)
+    if len(resume.seeks) > MAX_PROGRESS_SPLITS:
+        raise errors.InvalidRequestError(f"{rpc}: resume.seeks has {len(resume.seeks):,} entries, more than "
+                                         f"{MAX_PROGRESS_SPLITS:,}")
+    for i, seek in enumerate(resume.seeks):
+        _at_least(rpc, f"resume.seeks[{i}].group", seek.group, 0)
+        _at_least(rpc, f"resume.seeks[{i}].offset", seek.offset, 1)
+        _max_bytes(rpc, f"resume.seeks[{i}].state", seek.state, MAX_SEEK_STATE_BYTES)
+    for i, p in enumerate(resume.partial):
+        if p.stream_id:
+            raise errors.InvalidRequestError(f"{rpc}: resume.partial[{i}].stream_id is {p.stream_id}: a "
+                                             f"distributed_epoch read has one stream, 0")
+
+
+def check_resumable_job(req: dispatcher_pb2.GetOrCreateJobRequest,
+                        resume: Optional[state_pb2.ResumePoint]) -> None:
+    """What a deterministic or restored job must be: a distributed_epoch read, not coordinated and not
+    through a cross-trainer cache (those hand each element to whichever reader asks first). The client
+    says so before asking; this is for other clients.
+
+    Example::
+
+        >>> check_resumable_job(dispatcher_pb2.GetOrCreateJobRequest(
+        ...     dataset_id=7, processing_mode=state_pb2.PARALLEL_EPOCHS, deterministic=True), None)
+        Traceback (most recent call last):
+        dataservice.errors.InvalidRequestError: GetOrCreateJob: deterministic=True needs distributed_epoch...
+    """
+    if req.num_readers and not (req.deterministic and req.job_name):
+        raise errors.InvalidRequestError("GetOrCreateJob: num_readers (elastic readers) needs deterministic=True and "
+                                         "a job_name: the readers share one job's deterministic sequence")
+    what = "deterministic=True" if req.deterministic else "a restored read (resume)" if resume is not None else None
+    if what is None:
+        return
+    if req.processing_mode != state_pb2.DISTRIBUTED_EPOCH:
+        raise errors.InvalidRequestError(
+            f"GetOrCreateJob: {what} needs distributed_epoch, and this job reads in "
+            f"{MODE_NAMES.get(req.processing_mode, req.processing_mode)}: only a distributed_epoch read hands out "
+            f"each element once, numbered by split group, which is what is ordered and resumed")
+    if req.num_consumers or req.cross_trainer_cache:
+        raise errors.InvalidRequestError(
+            f"GetOrCreateJob: {what} does not go with "
+            f"{'coordinated reads (num_consumers)' if req.num_consumers else 'cross_trainer_cache'}")
 
 
 def _get_or_create_iteration(req: dispatcher_pb2.GetOrCreateIterationRequest, config: DispatcherConfig) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 from typing import NamedTuple, Optional
 
 from dataservice.proto import state_pb2
@@ -69,6 +70,22 @@ class JobKey(NamedTuple):
     job_name: str
     dataset_id: int
     dataset_name: str = ""
+    #: A restored read's ``resume_digest`` ("" for a fresh read): the readers restoring one saved position
+    #: under one job_name share a job, and none of them joins the job the saved readers read.
+    resume: str = ""
+
+
+def resume_digest(resume: Optional[state_pb2.ResumePoint]) -> str:
+    """A short digest of a restored read's start (``ResumePoint``); "" for None.
+
+    Example::
+
+        >>> resume_digest(None), len(resume_digest(state_pb2.ResumePoint(done_groups=[0, 4])))
+        ('', 16)
+    """
+    if resume is None:
+        return ""
+    return hashlib.sha256(resume.SerializeToString(deterministic=True)).hexdigest()[:16]
 
 
 @dataclasses.dataclass
@@ -84,10 +101,16 @@ class JobInfo:
     target_workers: str = "AUTO"
     #: The chosen dataset id its readers named ("": the numeric id); part of its key.
     dataset_name: str = ""
+    #: Readers get the elements in split group order (CreateJobUpdate.deterministic).
+    deterministic: bool = False
+    #: A restored read: where its first iteration starts (a ResumePoint; None for a fresh read).
+    resume: Optional[state_pb2.ResumePoint] = None
+    #: Elastic readers sharing the deterministic sequence (CreateJobUpdate.num_readers); 0 otherwise.
+    num_readers: int = 0
 
     @property
     def key(self) -> JobKey:
-        return JobKey(self.name, self.dataset_id, self.dataset_name)
+        return JobKey(self.name, self.dataset_id, self.dataset_name, resume_digest(self.resume))
 
 
 class IterationState(enum.Enum):
@@ -116,6 +139,10 @@ class IterationInfo:
     progress: dict = dataclasses.field(default_factory=dict)  # key -> OffsetSet clients hold
     totals: dict = dataclasses.field(default_factory=dict)    # key -> elements the split produced
     done: set = dataclasses.field(default_factory=set)        # keys whose every element a client holds
+    # Elastic readers: key -> reader index -> OffsetSet it holds (``progress`` is their intersection); and the
+    # reader indices clients have read as (a reader index is read by one reader, once).
+    reader_progress: dict = dataclasses.field(default_factory=dict)
+    claimed_readers: set = dataclasses.field(default_factory=set)
 
     @property
     def finished(self) -> bool:
@@ -158,6 +185,7 @@ class ClientInfo:
     client_id: int
     iteration_id: int
     consumer_index: Optional[int] = None   # coordinated reads: the consumer it reads as
+    reader_index: Optional[int] = None     # elastic readers: the reader it reads as
 
 
 class DispatcherState:
@@ -277,7 +305,10 @@ class DispatcherState:
             raise StateUpdateError(f"create_job {u.job_id}: an anonymous job has no dataset name to be keyed by")
         job = self.jobs[u.job_id] = JobInfo(u.job_id, u.job_name, u.dataset_id, u.processing_mode,
                                             num_consumers=u.num_consumers, cross_trainer_cache=u.cross_trainer_cache,
-                                            target_workers=u.target_workers or "AUTO", dataset_name=u.dataset_name)
+                                            target_workers=u.target_workers or "AUTO", dataset_name=u.dataset_name,
+                                            deterministic=u.deterministic,
+                                            resume=u.resume if u.HasField("resume") else None,
+                                            num_readers=u.num_readers)
         if u.job_name:
             # A known key is re-bound: the core creates a job under a taken key only once the
             # job bearing it was garbage collected.
@@ -293,6 +324,8 @@ class DispatcherState:
                                    f"{job.iterations[u.repetition]}")
         iteration = IterationInfo(u.iteration_id, u.job_id, u.repetition, read_key=u.read_key,
                                   creator_token=u.creator_token)
+        if job.resume is not None and u.repetition == 0:
+            _start_at(iteration, job.resume)
         self.iterations[u.iteration_id] = iteration
         self.active_iterations[u.iteration_id] = iteration
         job.iterations[u.repetition] = u.iteration_id
@@ -327,8 +360,11 @@ class DispatcherState:
         # that already finished is told so by its heartbeat (finished, no tasks).
         iteration = self._need(self.iterations, u.iteration_id, "iteration", f"acquire_iteration_client {u.client_id}")
         self.clients[u.client_id] = ClientInfo(
-            u.client_id, u.iteration_id, u.consumer_index if u.HasField("consumer_index") else None)
+            u.client_id, u.iteration_id, u.consumer_index if u.HasField("consumer_index") else None,
+            u.reader_index if u.HasField("reader_index") else None)
         iteration.clients.add(u.client_id)
+        if u.HasField("reader_index"):
+            iteration.claimed_readers.add(u.reader_index)
         self._saw_id(u.client_id)
 
     def _apply_release_iteration_client(self, u: state_pb2.ReleaseIterationClientUpdate) -> None:
@@ -357,11 +393,24 @@ class DispatcherState:
             if len(p.ranges) % 2:
                 raise StateUpdateError(f"record_progress for iteration {u.iteration_id}: split "
                                        f"({p.stream_id}, {p.split_index}) has an odd number of range bounds")
+        num_readers = self.jobs[iteration.job_id].num_readers if u.reader else 0
+        if u.reader and not 0 < u.reader <= num_readers:
+            raise StateUpdateError(f"record_progress for iteration {u.iteration_id}: reader {u.reader - 1} is not one "
+                                   f"of the job's {num_readers} readers")
         for p in u.progress:
             key = (p.stream_id, p.split_index)
             if key in iteration.done:
                 continue
-            if p.ranges:
+            if p.ranges and num_readers:
+                # Elastic readers each receive every element: an offset is held once all of them hold it.
+                per_reader = iteration.reader_progress.setdefault(key, {})
+                per_reader.setdefault(u.reader - 1, OffsetSet()).update(OffsetSet.from_flat(p.ranges))
+                if len(per_reader) == num_readers:
+                    held = per_reader[0]
+                    for other in range(1, num_readers):
+                        held = held.intersection(per_reader[other])
+                    iteration.progress.setdefault(key, OffsetSet()).update(held)
+            elif p.ranges:
                 iteration.progress.setdefault(key, OffsetSet()).update(OffsetSet.from_flat(p.ranges))
             if p.total >= 0:
                 iteration.totals[key] = p.total
@@ -369,7 +418,8 @@ class DispatcherState:
             if total is not None and iteration.progress.get(key, OffsetSet()).covers(total):
                 # Every element of the split is with a client: nothing to redo, ever.
                 iteration.done.add(key)
-                for table in (iteration.progress, iteration.totals, iteration.leases, iteration.pending):
+                for table in (iteration.progress, iteration.totals, iteration.leases, iteration.pending,
+                              iteration.reader_progress):
                     table.pop(key, None)
 
     def _apply_revoke_task(self, u: state_pb2.RevokeTaskUpdate) -> None:
@@ -398,6 +448,7 @@ class DispatcherState:
         self._drop_tasks(iteration)
         iteration.pruned = True
         iteration.leases, iteration.pending, iteration.progress, iteration.totals = {}, {}, {}, {}
+        iteration.reader_progress = {}
         iteration.done = set()
 
     def _drop_tasks(self, iteration: IterationInfo) -> None:
@@ -509,6 +560,7 @@ class DispatcherState:
                               for p in u.progress if p.ranges}
         iteration.totals = {(p.stream_id, p.split_index): p.total for p in u.progress if p.total >= 0}
         iteration.done = set(zip(u.done[0::2], u.done[1::2]))
+        iteration.claimed_readers = set(u.claimed_readers)
         for last in u.last_assignments:
             task = self.tasks[last.task_id]
             task.last_request_id, task.last_split = last.request_id, last.split_index
@@ -544,7 +596,9 @@ class DispatcherState:
                                                               num_consumers=j.num_consumers,
                                                               cross_trainer_cache=j.cross_trainer_cache,
                                                               target_workers=j.target_workers,
-                                                              dataset_name=j.dataset_name)))
+                                                              dataset_name=j.dataset_name,
+                                                              deterministic=j.deterministic, resume=j.resume,
+                                                              num_readers=j.num_readers)))
         for it in self.iterations.values():
             out.append(U(create_iteration=state_pb2.CreateIterationUpdate(
                 iteration_id=it.iteration_id, job_id=it.job_id, repetition=it.repetition, read_key=it.read_key,
@@ -561,7 +615,8 @@ class DispatcherState:
                 out.append(U(finish_task=state_pb2.FinishTaskUpdate(task_id=t.task_id)))
         for c in self.clients.values():
             out.append(U(acquire_iteration_client=state_pb2.AcquireIterationClientUpdate(
-                client_id=c.client_id, iteration_id=c.iteration_id, consumer_index=c.consumer_index)))
+                client_id=c.client_id, iteration_id=c.iteration_id, consumer_index=c.consumer_index,
+                reader_index=c.reader_index)))
         for save in self.saves.values():
             out.append(U(create_save=state_pb2.CreateSaveUpdate(
                 save_id=save.save_id, dataset_id=save.dataset_id, path=save.path, num_groups=save.num_groups,
@@ -591,7 +646,15 @@ class DispatcherState:
                 done=done, state=_STATE_NUMBERS[it.state],
                 last_assignments=[Lease(stream_id=self.tasks[t].stream_id, split_index=self.tasks[t].last_split,
                                         task_id=t, request_id=self.tasks[t].last_request_id)
-                                  for t in it.tasks if self.tasks[t].last_split >= 0])))
+                                  for t in it.tasks if self.tasks[t].last_split >= 0],
+                claimed_readers=sorted(it.claimed_readers))))
+            # Elastic readers' own holdings, as they reported them (applied after the snapshot: progress only grows).
+            for key, readers in sorted(it.reader_progress.items()):
+                for reader, held in sorted(readers.items()):
+                    out.append(U(record_progress=state_pb2.RecordProgressUpdate(
+                        iteration_id=it.iteration_id, reader=reader + 1,
+                        progress=[state_pb2.SplitProgress(stream_id=key[0], split_index=key[1], ranges=held.flat(),
+                                                          total=-1)])))
             if it.pruned:
                 out.append(U(prune_iteration=state_pb2.PruneIterationUpdate(iteration_id=it.iteration_id)))
         return out
@@ -599,3 +662,15 @@ class DispatcherState:
 
 _STATE_CODES = {0: IterationState.ACTIVE, 1: IterationState.FINISHED, 2: IterationState.GARBAGE_COLLECTED}
 _STATE_NUMBERS = {v: k for k, v in _STATE_CODES.items()}
+
+
+def _start_at(iteration: IterationInfo, resume: state_pb2.ResumePoint) -> None:
+    """Seeds a restored read's first iteration with what the saved reader's consumer took: those groups
+    are done (never handed out), and of a group it took part of, those offsets are held, so that the task
+    producing it leaves them out (GetSplitResponse.skip_ranges) and it is done once the rest is delivered."""
+    ranges = list(resume.done_groups)
+    for start, end in zip(ranges[::2], ranges[1::2]):
+        iteration.done.update((0, group) for group in range(start, end))
+    for p in resume.partial:
+        if p.ranges:
+            iteration.progress[(0, p.split_index)] = OffsetSet.from_flat(p.ranges)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x61taservice/proto/worker.proto\x12\x0b\x64\x61taservice\"\xf8\x02\n\x12GetElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\x12\x14\n\x0cmax_elements\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\x12\x13\n\x0bread_memory\x18\x06 \x01(\x08\x12\x17\n\x0fprevious_unread\x18\x07 \x01(\x08\x12\x14\n\x0cprobe_memory\x18\x08 \x01(\x08\x12\x10\n\x08read_key\x18\t \x01(\x0c\x12\x16\n\x0e\x63onsumer_index\x18\x14 \x01(\x03\x12\x13\n\x0bround_index\x18\x15 \x01(\x03\x12\x12\n\ntrainer_id\x18\x1e \x01(\t\x12\x13\n\x0b\x63ompression\x18\x32 \x01(\t\x12\x1b\n\x13receive_bytes_per_s\x18\x35 \x01(\x04\x12\x1e\n\x16\x64\x65\x63ompress_bytes_per_s\x18\x36 \x01(\x04\x12\x1b\n\x13previous_compressed\x18\x37 \x01(\x08\"n\n\nElementRun\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x13\n\x0bsplit_total\x18\x05 \x01(\x03\"N\n\x0eTracebackFrame\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0e\n\x06lineno\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04line\x18\x04 \x01(\t\"\x83\x06\n\x0c\x45lementChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x03\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x15\n\rskip_to_round\x18\x14 \x01(\x03\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12%\n\x04runs\x18\x07 \x03(\x0b\x32\x17.dataservice.ElementRun\x12\x12\n\nworker_pid\x18\x08 \x01(\x03\x12\x18\n\x10\x62uffer_addresses\x18\t \x03(\x04\x12\x16\n\x0e\x62uffer_lengths\x18\n \x03(\x04\x12*\n\nerror_kind\x18\x0b \x01(\x0e\x32\x16.dataservice.ErrorKind\x12.\n\ttraceback\x18\x0c \x03(\x0b\x32\x1b.dataservice.TracebackFrame\x12\x13\n\x0b\x65rror_state\x18\r \x01(\x0c\x12\x13\n\x0b\x65rror_where\x18\x0e \x01(\t\x12\x16\n\x0emissing_module\x18\x0f \x01(\t\x12\x46\n\x0fworker_versions\x18\x10 \x03(\x0b\x32-.dataservice.ElementChunk.WorkerVersionsEntry\x12J\n\x11pipeline_versions\x18\x11 \x03(\x0b\x32/.dataservice.ElementChunk.PipelineVersionsEntry\x12\x13\n\x0b\x63ompression\x18\x32 \x01(\t\x12\x1a\n\x12\x63ompressed_lengths\x18\x33 \x03(\x04\x12\x1c\n\x14uncompressed_lengths\x18\x34 \x03(\x04\x1a\x35\n\x13WorkerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x37\n\x15PipelineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*s\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rUSER_FUNCTION\x10\x01\x12\x12\n\x0eMISSING_MODULE\x10\x02\x12\x10\n\x0cVERSION_SKEW\x10\x03\x12\x11\n\rPIPELINE_LOAD\x10\x04\x32U\n\x06Worker\x12K\n\x0bGetElements\x12\x1f.dataservice.GetElementsRequest\x1a\x19.dataservice.ElementChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x61taservice/proto/worker.proto\x12\x0b\x64\x61taservice\"\xf8\x02\n\x12GetElementsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\x03\x12\x14\n\x0cmax_elements\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x03\x12\x13\n\x0bread_memory\x18\x06 \x01(\x08\x12\x17\n\x0fprevious_unread\x18\x07 \x01(\x08\x12\x14\n\x0cprobe_memory\x18\x08 \x01(\x08\x12\x10\n\x08read_key\x18\t \x01(\x0c\x12\x16\n\x0e\x63onsumer_index\x18\x14 \x01(\x03\x12\x13\n\x0bround_index\x18\x15 \x01(\x03\x12\x12\n\ntrainer_id\x18\x1e \x01(\t\x12\x13\n\x0b\x63ompression\x18\x32 \x01(\t\x12\x1b\n\x13receive_bytes_per_s\x18\x35 \x01(\x04\x12\x1e\n\x16\x64\x65\x63ompress_bytes_per_s\x18\x36 \x01(\x04\x12\x1b\n\x13previous_compressed\x18\x37 \x01(\x08\"\x91\x01\n\nElementRun\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x13\n\x0bsplit_index\x18\x02 \x01(\x03\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x13\n\x0bsplit_total\x18\x05 \x01(\x03\x12\x13\n\x0bmark_offset\x18\x06 \x01(\x03\x12\x0c\n\x04mark\x18\x07 \x01(\x0c\"N\n\x0eTracebackFrame\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0e\n\x06lineno\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04line\x18\x04 \x01(\t\"\x83\x06\n\x0c\x45lementChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x03\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\x12\x12\n\nerror_type\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x15\n\rskip_to_round\x18\x14 \x01(\x03\x12\x16\n\x0eworker_address\x18\x06 \x01(\t\x12%\n\x04runs\x18\x07 \x03(\x0b\x32\x17.dataservice.ElementRun\x12\x12\n\nworker_pid\x18\x08 \x01(\x03\x12\x18\n\x10\x62uffer_addresses\x18\t \x03(\x04\x12\x16\n\x0e\x62uffer_lengths\x18\n \x03(\x04\x12*\n\nerror_kind\x18\x0b \x01(\x0e\x32\x16.dataservice.ErrorKind\x12.\n\ttraceback\x18\x0c \x03(\x0b\x32\x1b.dataservice.TracebackFrame\x12\x13\n\x0b\x65rror_state\x18\r \x01(\x0c\x12\x13\n\x0b\x65rror_where\x18\x0e \x01(\t\x12\x16\n\x0emissing_module\x18\x0f \x01(\t\x12\x46\n\x0fworker_versions\x18\x10 \x03(\x0b\x32-.dataservice.ElementChunk.WorkerVersionsEntry\x12J\n\x11pipeline_versions\x18\x11 \x03(\x0b\x32/.dataservice.ElementChunk.PipelineVersionsEntry\x12\x13\n\x0b\x63ompression\x18\x32 \x01(\t\x12\x1a\n\x12\x63ompressed_lengths\x18\x33 \x03(\x04\x12\x1c\n\x14uncompressed_lengths\x18\x34 \x03(\x04\x1a\x35\n\x13WorkerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x37\n\x15PipelineVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*s\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rUSER_FUNCTION\x10\x01\x12\x12\n\x0eMISSING_MODULE\x10\x02\x12\x10\n\x0cVERSION_SKEW\x10\x03\x12\x11\n\rPIPELINE_LOAD\x10\x04\x32U\n\x06Worker\x12K\n\x0bGetElements\x12\x1f.dataservice.GetElementsRequest\x1a\x19.dataservice.ElementChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,20 +35,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ELEMENTCHUNK_WORKERVERSIONSENTRY']._serialized_options = b'8\001'
   _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._loaded_options = None
   _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_ERRORKIND']._serialized_start=1392
-  _globals['_ERRORKIND']._serialized_end=1507
+  _globals['_ERRORKIND']._serialized_start=1428
+  _globals['_ERRORKIND']._serialized_end=1543
   _globals['_GETELEMENTSREQUEST']._serialized_start=48
   _globals['_GETELEMENTSREQUEST']._serialized_end=424
-  _globals['_ELEMENTRUN']._serialized_start=426
-  _globals['_ELEMENTRUN']._serialized_end=536
-  _globals['_TRACEBACKFRAME']._serialized_start=538
-  _globals['_TRACEBACKFRAME']._serialized_end=616
-  _globals['_ELEMENTCHUNK']._serialized_start=619
-  _globals['_ELEMENTCHUNK']._serialized_end=1390
-  _globals['_ELEMENTCHUNK_WORKERVERSIONSENTRY']._serialized_start=1280
-  _globals['_ELEMENTCHUNK_WORKERVERSIONSENTRY']._serialized_end=1333
-  _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._serialized_start=1335
-  _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._serialized_end=1390
-  _globals['_WORKER']._serialized_start=1509
-  _globals['_WORKER']._serialized_end=1594
+  _globals['_ELEMENTRUN']._serialized_start=427
+  _globals['_ELEMENTRUN']._serialized_end=572
+  _globals['_TRACEBACKFRAME']._serialized_start=574
+  _globals['_TRACEBACKFRAME']._serialized_end=652
+  _globals['_ELEMENTCHUNK']._serialized_start=655
+  _globals['_ELEMENTCHUNK']._serialized_end=1426
+  _globals['_ELEMENTCHUNK_WORKERVERSIONSENTRY']._serialized_start=1316
+  _globals['_ELEMENTCHUNK_WORKERVERSIONSENTRY']._serialized_end=1369
+  _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._serialized_start=1371
+  _globals['_ELEMENTCHUNK_PIPELINEVERSIONSENTRY']._serialized_end=1426
+  _globals['_WORKER']._serialized_start=1545
+  _globals['_WORKER']._serialized_end=1630
 # @@protoc_insertion_point(module_scope)

@@ -53,7 +53,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dataservice import errors
-from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, worker_pb2
+from dataservice.proto import dispatcher_pb2, dispatcher_pb2_grpc, state_pb2, worker_pb2
 from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service.auth import NONCE_KEY, ClusterAuth, check_proof, new_nonce
 from dataservice.service.endpoint_probe import PROBE_TIMEOUT_S, EndpointKind, Probe, probe_endpoint
@@ -217,22 +217,25 @@ class DispatcherClient:
 
     def get_or_create_job(self, dataset_id: int, processing_mode: int, job_name: str, num_consumers: int = 0,
                           cross_trainer_cache: bool = False, target_workers: str = "AUTO",
-                          dataset_name: str = "") -> int:
-        """The job's id; ``num_consumers``, ``cross_trainer_cache`` and ``target_workers`` are its read options
-        (``ReadOptions.job_fields``). ``dataset_name``: the chosen id the reader named ("" the numeric id), which
-        scopes ``job_name``."""
+                          dataset_name: str = "", deterministic: bool = False,
+                          resume: Optional[state_pb2.ResumePoint] = None, num_readers: int = 0) -> int:
+        """The job's id; ``num_consumers``, ``cross_trainer_cache``, ``target_workers`` and ``deterministic`` are
+        its read options (``ReadOptions.job_fields``). ``dataset_name``: the chosen id the reader named ("" the
+        numeric id), which scopes ``job_name``. ``resume``: a restored read's start (a new job)."""
         return self._call("GetOrCreateJob", dispatcher_pb2.GetOrCreateJobRequest(
             dataset_id=dataset_id, processing_mode=processing_mode, job_name=job_name or "",
             num_consumers=num_consumers, cross_trainer_cache=cross_trainer_cache,
-            target_workers=target_workers, dataset_name=dataset_name)).job_id
+            target_workers=target_workers, dataset_name=dataset_name, deterministic=deterministic,
+            resume=resume, num_readers=num_readers)).job_id
 
-    def get_or_create_iteration(self, job_id: int, repetition: int, consumer_index: Optional[int] = None
-                                ) -> dispatcher_pb2.GetOrCreateIterationResponse:
-        """``consumer_index``: coordinated reads, the consumer this reader is (None: not coordinated)."""
+    def get_or_create_iteration(self, job_id: int, repetition: int, consumer_index: Optional[int] = None,
+                                reader_index: Optional[int] = None) -> dispatcher_pb2.GetOrCreateIterationResponse:
+        """``consumer_index``: coordinated reads, the consumer this reader is (None: not coordinated);
+        ``reader_index``: elastic readers, the reader this is (None: not elastic)."""
         # One token per call, repeated by its retries: a retry after a lost answer is still the creator.
         return self._call("GetOrCreateIteration", dispatcher_pb2.GetOrCreateIterationRequest(
             job_id=job_id, repetition=repetition, request_token=secrets.token_bytes(16),
-            consumer_index=consumer_index))
+            consumer_index=consumer_index, reader_index=reader_index))
 
     def client_heartbeat(self, client_id: int, progress: Sequence = (), stopped_tasks: Sequence[int] = (),
                          read_key: bytes = b"", stats: Optional[dispatcher_pb2.ReaderStatsReport] = None,

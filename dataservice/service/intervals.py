@@ -80,6 +80,30 @@ class OffsetSet:
         elif other._starts:
             self._merge(zip(other._starts, other._ends))
 
+    def intersection(self, other: "OffsetSet") -> "OffsetSet":
+        """The offsets in both sets (one pass over both).
+
+        Example::
+
+            >>> OffsetSet([(0, 10)]).intersection(OffsetSet([(5, 20)])).ranges
+            [(5, 10)]
+        """
+        out: list[tuple[int, int]] = []
+        i = j = 0
+        while i < len(self._starts) and j < len(other._starts):
+            start = max(self._starts[i], other._starts[j])
+            end = min(self._ends[i], other._ends[j])
+            if start < end:
+                out.append((start, end))
+            if self._ends[i] < other._ends[j]:
+                i += 1
+            else:
+                j += 1
+        result = OffsetSet()
+        result._starts = [s for s, _ in out]
+        result._ends = [e for _, e in out]
+        return result
+
     def __contains__(self, offset: int) -> bool:
         i = bisect.bisect_right(self._starts, offset) - 1
         return i >= 0 and offset < self._ends[i]

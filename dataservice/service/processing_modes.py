@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataservice.proto import state_pb2
 
-__all__ = ["MODE_NAMES", "MODES_BY_NAME", "STATIC_MODES", "is_static", "mode_name"]
+__all__ = ["MODE_NAMES", "MODES_BY_NAME", "STATIC_MODES", "is_static", "mode_name", "elastic_reader_id"]
 
 #: Every processing mode a job may have, by its proto value.
 MODE_NAMES = {
@@ -44,3 +44,15 @@ def is_static(mode: int) -> bool:
 def mode_name(mode: int) -> str:
     """The mode's name, or its number for a mode this version does not know."""
     return MODE_NAMES.get(mode, str(mode))
+
+
+def elastic_reader_id(reader_index: int) -> str:
+    """The trainer id elastic reader ``reader_index`` (``distribute(..., num_readers=N, reader_index=i)``) reads
+    a task's lossless window as (``worker/trainer_cache.TrainerCache(readers=N)``; GetElementsRequest.trainer_id).
+
+    Example::
+
+        >>> elastic_reader_id(2)
+        'reader-2'
+    """
+    return f"reader-{reader_index}"

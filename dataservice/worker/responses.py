@@ -143,6 +143,9 @@ def prepare(worker: TaskSource, request: worker_pb2.GetElementsRequest) -> Prepa
         num_elements=len(elements), end_of_sequence=ended and error is None, worker_address=worker.address,
         runs=[worker_pb2.ElementRun(stream_id=r[0], split_index=r[1], first_offset=r[2], count=r[3],
                                     split_total=r[4]) for r in runs])
+    for i, offset, state in runner.marks_for(runs):  # where a restored read's worker may seek to
+        header.runs[i].mark_offset = offset
+        header.runs[i].mark = state
     if codec:
         try:
             # Under "AUTO", compressed when it pays on the reader's connection (auto_compression).

@@ -275,10 +275,11 @@ class WorkerServer:
                 # Static sharding: the task runs this worker's shard of the pipeline (data/static_sharding.py).
                 runner = TaskRunner(task_def, static_sharding.for_task(dataset, task_def), self._dispatcher,
                                     self.address, budget=self.memory_budget, start=False, counters=self.production)
-                if task_def.cross_trainer_cache:
-                    # Its trainers share its elements through a window of the task's own (responses.take).
+                if task_def.cross_trainer_cache or task_def.num_readers:
+                    # Its trainers share its elements through a window of the task's own (responses.take); elastic
+                    # readers through one that keeps each element until every reader has read it.
                     runner.trainer_cache = TrainerCache(runner, self.config.cross_trainer_cache_size_bytes,
-                                                        self.memory_budget)
+                                                        self.memory_budget, readers=task_def.num_readers)
                 if task_def.num_consumers > 0:
                     # Coordinated reads: its consumers read it in rounds (round_robin, responses.take).
                     runner.rounds = round_robin.Rounds(runner, task_def.num_consumers, self.memory_budget)

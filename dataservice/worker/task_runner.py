@@ -26,7 +26,9 @@ Example::
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import math
 import threading
 import time
 from typing import Any, Iterator, Optional
@@ -34,6 +36,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from dataservice import errors
+from dataservice.data.checkpoint import Pace
 from dataservice.data.dataset import Dataset
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
@@ -57,6 +60,15 @@ SPLIT_END = _SPLIT_END = object()
 BUFFER_ELEMENTS = 8192
 #: Bytes a task buffers ahead of its readers, at most (one element may exceed it).
 BUFFER_BYTES = 64 * 1024 * 1024
+#: distributed_epoch: a group's iterator state is recorded at least this many elements apart (paced so that
+#: recording costs at most 2% of producing: ``checkpoint.Pace``), so a restored read seeks to within that of
+#: where its consumer stood, ...
+MARK_EVERY = 64
+#: ... if the state is at most this large (a shuffle's buffer is not sent with elements: recomputed instead).
+MAX_MARK_BYTES = 2048
+#: Recent marks kept per split, and splits with marks kept (what answers served late still find).
+MARKS_PER_SPLIT = 8
+MARKED_SPLITS = 4
 
 
 def approximate_size(element: Any) -> int:
@@ -147,6 +159,10 @@ class TaskRunner:
         self._blocked_s = 0.0
         self._blocked_since: Optional[float] = None
         self._counters = counters
+        #: distributed_epoch: recent states of the group's iterator (``_mark``), split -> deque of (offset, JSON);
+        #: and whether the pipeline is still marked (False once it cannot save, or its state is too large).
+        self._marks: dict[int, collections.deque] = {}
+        self._marking = True
         #: time.monotonic() when the pipeline started (None before): the status page's rates.
         self.started_at: Optional[float] = None
         if start:
@@ -267,8 +283,9 @@ class TaskRunner:
                         self._stop.wait(max(0.0, SPLIT_RETRY_S - (time.monotonic() - asked)))
                         continue
                     group = response.split_index
+                    seek = (response.seek_offset, response.seek_state) if response.seek_state else None
                     self._run_split(0, group, OffsetSet.from_flat(response.skip_ranges),
-                                    iter(groups.splits(group) if groups is not None else (group,)))
+                                    iter(groups.splits(group) if groups is not None else (group,)), seek)
             else:
                 self._run_split(self.task_def.stream_id, 0, OffsetSet.from_flat(self.task_def.skip_ranges), None)
         except BaseException as exc:  # reported to readers; the worker carries on
@@ -293,23 +310,83 @@ class TaskRunner:
                     self._account.release(leftover)  # nothing more to produce: the credit goes back
                 self._cond.notify_all()
 
-    def _run_split(self, stream: int, split: int, skip: OffsetSet, provider: Optional[Iterator[int]]) -> None:
+    def _run_split(self, stream: int, split: int, skip: OffsetSet, provider: Optional[Iterator[int]],
+                   seek: Optional[tuple[int, bytes]] = None) -> None:
         """Runs the pipeline over one split group (distributed_epoch; ``split`` is the group's index and
         ``provider`` yields its source splits) or the whole dataset (parallel_epochs), numbering elements
         by offset and leaving out the offsets clients already hold. A seeded shuffle keys on the group
-        (``split_hint``), so a group redone elsewhere yields the same elements in the same order."""
-        iterator = self._dataset._root_iterator(provider, split_hint=None if provider is None else split)
+        (``split_hint``), so a group redone elsewhere yields the same elements in the same order.
+
+        In distributed_epoch the group's iterator state is recorded now and then (``_mark``), and ``seek``
+        (a restored read's group taken in part: an offset and such a state) starts the group there."""
+        hint = None if provider is None else split
+        iterator = self._dataset._root_iterator(provider, split_hint=hint)
         offset = 0
+        if seek is not None:
+            try:
+                iterator.load_state_dict(json.loads(seek[1]))
+                offset = seek[0]
+            except (ValueError, TypeError) as exc:  # another version of the pipeline: run the group from its start
+                log.warning("task %d: cannot seek split group %d to offset %d (%s): producing it from its start",
+                            self.task_id, split, seek[0], exc)
+                iterator.close()
+                iterator = self._dataset._root_iterator(provider, split_hint=hint)
         skipping = bool(skip.ranges)
+        pace = Pace(MARK_EVERY) if provider is not None and self._marking else None
+        next_mark = offset + MARK_EVERY if pace is not None else math.inf
         try:
             for element in iterator:
                 if not skipping or offset not in skip:
                     if not self._put((element, approximate_size(element), stream, split, offset)):
                         return
                 offset += 1
+                if offset >= next_mark:
+                    next_mark = self._mark(iterator, split, offset, pace)
         finally:
             iterator.close()
         self._put((_SPLIT_END, 0, stream, split, offset))
+
+    def _mark(self, iterator: Any, split: int, offset: int, pace: Pace) -> float:
+        """Records the group's iterator state before its element ``offset`` (for ``marks_for``), paced by
+        its cost; the offset of the next record (infinity once the pipeline cannot save its position, or
+        its state is too large to travel with elements: a shuffle's buffer)."""
+        start = time.perf_counter()
+        try:
+            state = json.dumps(iterator.state_dict(), separators=(",", ":")).encode()
+        except (ValueError, TypeError):  # NotCheckpointableError (from_generator...): a restore recomputes instead
+            self._marking = False
+            return math.inf
+        if len(state) > MAX_MARK_BYTES:
+            self._marking = False
+            return math.inf
+        with self._cond:
+            marks = self._marks.get(split)
+            if marks is None:
+                marks = self._marks[split] = collections.deque(maxlen=MARKS_PER_SPLIT)
+                while len(self._marks) > MARKED_SPLITS:
+                    del self._marks[next(iter(self._marks))]
+            marks.append((offset, state))
+        pace.recorded(offset, start, time.perf_counter())
+        return pace.next
+
+    def marks_for(self, runs: list) -> list[tuple[int, int, bytes]]:
+        """For the runs of an answer (``take``'s), the latest recorded state within each: ``(run index,
+        offset, state)`` (``ElementRun.mark``)."""
+        if not self._marks:
+            return []
+        out = []
+        with self._cond:
+            for i, (stream, split, first, count, total) in enumerate(runs):
+                marks = self._marks.get(split)
+                if not marks or not count:
+                    continue
+                for offset, state in reversed(marks):
+                    if first <= offset <= first + count:
+                        out.append((i, offset, state))
+                        break
+                    if offset < first:
+                        break
+        return out
 
     def _put(self, entry: tuple) -> bool:
         """Buffers one entry once there is room in the task and in the worker's budget; False

@@ -52,6 +52,7 @@ import threading
 import time
 from typing import Optional
 
+from dataservice.service.processing_modes import elastic_reader_id
 from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.task_runner import SPLIT_END as _SPLIT_END, TaskRunner, add_entry, entries_of
 
@@ -67,9 +68,14 @@ class TrainerCache:
     ``budget`` (the one ``runner`` was made with) it also holds no more than the budget has room for
     (a warning says so, once)."""
 
-    def __init__(self, runner: TaskRunner, limit_bytes: int, budget: Optional[MemoryBudget] = None):
+    def __init__(self, runner: TaskRunner, limit_bytes: int, budget: Optional[MemoryBudget] = None,
+                 readers: int = 0):
         if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes <= 0:
             raise ValueError(f"a cross-trainer cache needs a positive size in bytes, got {limit_bytes!r}")
+        #: Elastic readers (``distribute(..., num_readers=N)``): the trainers are ``elastic_reader_id(i)``, i < N, and
+        #: the window loses nothing: an entry leaves it once every one of them has read it, and the window
+        #: stops growing at ``limit_bytes`` until the slowest has (0: the cross-trainer cache, which evicts).
+        self.readers = readers
         self._runner = runner
         self.limit_bytes = limit_bytes
         self._budget = budget
@@ -115,7 +121,8 @@ class TrainerCache:
                     if self._ended:
                         return [], [], True, self._error
                     remaining = deadline - time.monotonic()
-                    if not self._extending and (remaining > 0 or not tried):
+                    full = self.readers and self._bytes >= self.limit_bytes  # lossless: the slowest must read first
+                    if not self._extending and not full and (remaining > 0 or not tried):
                         self._extending = True  # this trainer is the fastest: it makes the window grow
                         break
                     if remaining <= 0:
@@ -174,9 +181,9 @@ class TrainerCache:
 
     def _append(self, entry: tuple) -> None:
         """Adds an entry at the window's end, evicting the oldest ones first while it would not fit
-        (the newest entry is always kept, however large)."""
+        (the newest entry is always kept, however large); lossless (elastic readers): evicting nothing."""
         size = entry[1]
-        while self._entries and self._bytes + size > self._allowed:
+        while not self.readers and self._entries and self._bytes + size > self._allowed:
             old = self._entries.popleft()
             self._start += 1
             self._bytes -= old[1]
@@ -240,7 +247,34 @@ class TrainerCache:
         self._cursors[trainer_id] = cursor
         self._served[trainer_id] = self._served.get(trainer_id, 0) + len(out)
         ended = self._ended and cursor >= end and not returned
+        if self.readers:
+            self._trim()
         return out, runs, ended, self._error if ended else None
+
+    def _trim(self) -> None:
+        """Lossless: drops the entries every reader has read (under the lock); a reader not seen yet has read
+        none, and what was given back to a reader is kept for it."""
+        low = self._start + len(self._entries)
+        for i in range(self.readers):
+            low = min(low, self._cursors.get(elastic_reader_id(i), self._start))
+        for (trainer, _), returned in self._returned.items():
+            if returned:
+                low = min(low, returned[0])
+        dropped = 0
+        while self._start < low:
+            old = self._entries.popleft()
+            self._start += 1
+            dropped += old[1]
+            if old[0] is _SPLIT_END:
+                self._split_ends -= 1
+        if dropped:
+            self._bytes -= dropped
+            segments = self._segments
+            while segments and segments[0][0] + segments[0][4] <= self._start:
+                segments.popleft()
+            if self._account is not None:
+                self._account.release(min(dropped, self._account.used_bytes))
+            self._cond.notify_all()  # a reader waiting for the window to have room may extend it now
 
     def untake(self, trainer_id: str, client_id: int, runs: list) -> None:
         """An answer to the reader ``client_id`` of ``trainer_id`` did not reach it: that reader reads

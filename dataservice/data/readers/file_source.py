@@ -43,7 +43,7 @@ from typing import Any, Iterator, Optional
 from dataservice.data.background import Pump
 from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.options import AUTOTUNE, default_parallelism
-from dataservice.data.sources import FileListSource, ProvidedSplits
+from dataservice.data.sources import FileListSource
 
 __all__ = ["BlockFileSource", "Block", "SizedBlock", "check_num_parallel_reads"]
 
@@ -157,35 +157,51 @@ class _Cursor:
         return items
 
 
-def _sequential(source: "BlockFileSource", cursor: _Cursor) -> Iterator:
-    """The list iterators of the blocks of every file from the cursor's on; ``chain`` flattens them."""
+def _sequential(source: "BlockFileSource", cursor: _Cursor, provider: Optional[Iterator[int]] = None) -> Iterator:
+    """The list iterators of the blocks of every file from the cursor's on; ``chain`` flattens them. With a
+    ``provider`` (distributed_epoch on a worker), of the files it hands out, ``cursor.file`` counting those
+    passed; splits come one at a time from it: taking several ahead would starve other workers."""
     files = source._filenames
-    while cursor.file < len(files):
+    if provider is None:
+        indices = iter(range(cursor.file, len(files)))
+    else:
+        for _ in range(cursor.file):  # a restored position: the files read before it
+            if next(provider, None) is None:
+                raise ValueError(f"the iterator state does not fit {source._describe()}: it passed {cursor.file} "
+                                 f"of the files handed out, and fewer were")
+        indices = (index % len(files) for index in provider)
+    for index in indices:
         start, cursor.offset = cursor.offset, 0
-        for block in source._blocks(files[cursor.file], start):
+        for block in source._blocks(files[index], start):
             yield cursor.enter(block)
         cursor.block = cursor.items = None
         cursor.file += 1
 
 
 class _SequentialReader(NodeIterator):
-    """The files read one after the other. State: ``{"file": index, "offset": byte offset of the next
-    record in it}``."""
+    """The files read one after the other, or (``provider``) those a split provider hands out. State:
+    ``{"file": index (of files handed out: how many were passed), "offset": byte offset of the next record
+    in it}``."""
 
-    __slots__ = ("__next__", "_source", "_cursor", "_blocks")
+    __slots__ = ("__next__", "_source", "_cursor", "_blocks", "_provided")
 
-    def __init__(self, source: "BlockFileSource"):
+    def __init__(self, source: "BlockFileSource", provider: Optional[Iterator[int]] = None):
         self._source = source
         self._cursor = _Cursor(0, 0)
+        self._provided = provider is not None
         # The generator refers to the cursor, not to this object: dropping the iterator closes the file.
-        self._blocks = _sequential(source, self._cursor)
+        self._blocks = _sequential(source, self._cursor, provider)
         self.__next__ = itertools.chain.from_iterable(self._blocks).__next__
 
     def save(self) -> dict:
         return {"file": self._cursor.file, "offset": self._cursor.position()}
 
     def restore(self, state: Any) -> None:
-        file, offset = self._source._checked_position(state, self._source._describe())
+        where = self._source._describe()
+        if self._provided:  # which file the count names, only the provider knows
+            file, offset = field(state, "file", int, where), field(state, "offset", int, where)
+        else:
+            file, offset = self._source._checked_position(state, where)
         self._cursor.file, self._cursor.offset = file, offset
 
     def close(self) -> None:
@@ -375,11 +391,7 @@ class BlockFileSource(FileListSource):
         return _InterleavedReader(self, cycle, autotuned)
 
     def _read_provided(self, provider: Iterator[int]) -> Iterator:
-        # Splits come one at a time from the provider (a dispatcher, under
-        # distributed_epoch); taking several ahead would starve other workers.
-        n = len(self._filenames)
-        blocks = (block for index in provider for block in self._read_blocks(self._filenames[index % n]))
-        return ProvidedSplits(itertools.chain.from_iterable(blocks), blocks)
+        return _SequentialReader(self, provider)
 
     def _check_offset(self, path: str, offset: int, where: str) -> None:
         """Refuses (ValueError naming 'offset') an offset no record of ``path`` can start at."""
