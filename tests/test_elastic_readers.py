@@ -8,6 +8,7 @@ tests/test_resumable_reads_processes.py.
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import threading
@@ -149,3 +150,20 @@ def test_a_reader_index_is_read_once_and_a_second_reader_of_it_is_told_what_to_d
     (again,) = read_all([pipeline(three_workers, 2, 0, "once", base)])
     assert isinstance(again, errors.InvalidRequestError), again
     assert "reader_index 0" in str(again) and "load_state_dict" in str(again)
+
+
+def test_epochs_after_a_restore_are_read_by_the_restored_readers_together(three_workers):
+    # repeat() after distribute: the restored readers (3, where 2 saved) read the later epochs of their job.
+    base = Dataset.range(500)
+
+    def repeated(n, i):
+        return pipeline(three_workers, n, i, "epochs", base).repeat(3)
+
+    first = read_all([repeated(2, i) for i in range(2)], steps=300)  # epoch 1, and 100 of epoch 2
+    rest = read_all([repeated(3, i) for i in range(3)], states=[first[i % 2][1] for i in range(3)])
+    taken = [x for part, _ in first + rest for x in part]
+    # Epoch 2's remaining 400 are 133 whole rounds of 3, epoch 3's 500 are 166: one element and two dropped.
+    assert len(taken) == 500 + 100 + 399 + 498
+    assert collections.Counter(collections.Counter(taken).values()) == {3: 498, 2: 1, 1: 1}
+    for i, (part, _) in enumerate(rest):
+        assert part[133:] == list(range(i, 498, 3))  # epoch 3: a whole epoch of the restored job

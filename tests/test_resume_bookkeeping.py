@@ -221,3 +221,17 @@ def test_a_retried_claim_of_a_reader_index_gets_it_and_another_reader_does_not(c
     for update in core.state.to_updates():
         replayed.apply(update)
     assert replayed.iterations[retried.iteration_id].claimed_readers == {0}
+
+
+def test_a_state_restored_again_after_its_readers_died_starts_a_new_job():
+    clock = FakeClock()
+    core = DispatcherCore(DispatcherConfig(job_gc_timeout_ms=10_000, client_timeout_ms=60_000), clock=clock)
+    resume = state_pb2.ResumePoint(done_groups=[0, 2], position=500)
+    first = _setup(core, resume, name="train")
+    core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=first))
+    request = pb.GetOrCreateJobRequest(dataset_id=core.state.jobs[first].dataset_id, processing_mode=DE,
+                                       job_name="train", deterministic=True, resume=resume)
+    assert core.get_or_create_job(request).job_id == first  # its reader is alive: a reader restoring alongside
+    clock.advance(10)  # the restored trainer was killed: silent for a few heartbeats, not yet timed out
+    again = core.get_or_create_job(request).job_id
+    assert again != first and core.get_or_create_job(request).job_id == again

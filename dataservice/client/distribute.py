@@ -525,17 +525,21 @@ class _DataServiceDataset(Dataset):
             if self._mode == state_pb2.DISTRIBUTED_EPOCH and not _not_resumable(self._mode, options):
                 position = resume.position if resume is not None else ReadPosition()
             # A restored read is a job of its own, which starts where the saved position says; readers restoring
-            # one position under one job_name share it (the dispatcher keys it by the position).
+            # one position under one job_name share it (the dispatcher keys it by the position). Its later
+            # iterations (a repeat() after distribute) are whole epochs of that job: the readers, restored as N'
+            # of them, read on together.
+            point = resume.point() if resume is not None else (
+                self.__dict__.get("_resumed_point") if self._job_name else None)
             job_id = client.get_or_create_job(dataset_id, self._mode, self._job_name, dataset_name=named,
-                                              resume=resume.point() if resume is not None else None,
-                                              **options.job_fields())
+                                              resume=point, **options.job_fields())
             # A named job is shared: the k-th iteration of every reader is the same iteration. A restored read is
-            # the first iteration of its job; later ones continue the saved read's count.
+            # the first iteration of its job (the one the dispatcher starts at the saved position).
             if resume is not None:
                 repetition = 0
                 if self._job_name:
                     with self._lock:
-                        self._repetitions = itertools.count(resume.repetition + 1)
+                        self._resumed_point = point
+                        self._repetitions = itertools.count(1)
             else:
                 repetition = next(self._repetitions) if self._job_name else 0
             if repetition and options.cross_trainer_cache is not None:

@@ -314,6 +314,11 @@ class DispatcherCore:
                         # Nothing of the old job can be read any more: without a new job the name
                         # would be dead until a restart. Its parameters bind no one now either.
                         collected = job
+                    elif job.resume is not None and self._abandoned(job):
+                        # The same state restored again (the restored trainer was killed before its next
+                        # checkpoint): the first attempt's readers took part of the job and are gone. Joining
+                        # it would lose what they took; the restore starts afresh in a new job.
+                        collected = job
                     elif job.processing_mode != req.processing_mode:
                         raise errors.AlreadyExistsError(
                             f"job name {req.job_name!r} is already used by a job reading {_shown_dataset(job)} in "
@@ -344,18 +349,26 @@ class DispatcherCore:
                          req.job_name, collected.job_id, job_id)
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
 
+    def _live_clients(self, job) -> list[int]:
+        """The job's clients heard from within a few heartbeat intervals (a killed trainer's are not, long
+        before client_timeout_ms releases them)."""
+        recent = self._clock() - 3 * self._client_heartbeat_s()
+        return [c for i in job.iterations.values() for c in self.state.iterations[i].clients
+                if self._client_seen.get(c, -math.inf) >= recent]
+
+    def _abandoned(self, job) -> bool:
+        """A restored job that was read (an iteration exists) and whose readers are all gone or silent."""
+        return bool(job.iterations) and not self._live_clients(job)
+
     def _check_restored_position(self, req: dispatcher_pb2.GetOrCreateJobRequest, key: JobKey) -> None:
         """Elastic readers restoring under one job name must restore one position: readers restoring states
         of another step, whose readers are alive (heard from within a few heartbeats), make this one fail,
         and them with it (``ClientHeartbeatResponse.read_error``), rather than each wait for the others."""
-        recent = self._clock() - 3 * self._client_heartbeat_s()
         for job in self.state.jobs.values():
             if (job.key[:3] != key[:3] or job.key == key or not job.num_readers or job.resume is None
                     or job.job_id in self._read_errors):
                 continue
-            live = [c for i in job.iterations.values() for c in self.state.iterations[i].clients
-                    if self._client_seen.get(c, -math.inf) >= recent]
-            if not live:
+            if not self._live_clients(job):
                 continue  # a restore whose readers are gone (a trainer killed again): no disagreement
             message = (f"job {req.job_name!r}: readers restored states saved at different steps: one at position "
                        f"{req.resume.position} of the deterministic sequence, others at position "
