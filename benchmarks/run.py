@@ -32,6 +32,8 @@ Workloads (each in both processing modes, one worker unless stated):
 4. ``first_element``: time to the first element of ``range(10)``, from applying ``distribute`` (which
    registers the dataset, for TensorFlow) and creating the iterator to the first element; the cluster is up.
    Row 4b: from the last element of that read to the end of the sequence (``StopIteration``).
+   A smoke check compares our figure with the one stored in ``benchmarks/first_element_baseline.json``
+   and prints a warning when it is more than ``warn_ratio`` (1.5) times that.
 5. ``client_rss``: the client's peak RSS (``getrusage``) reading workload 2 with
    ``max_outstanding_requests=8``, against ``baseline + (8 + 1) x 1 MiB`` (baseline: RSS before the read; the
    ``+ 1`` is the element the consumer holds); what remains above that is the fixed overhead.
@@ -98,6 +100,8 @@ SIDES = ("ours", "tf")
 #: Workload 5's bound above the baseline RSS: the outstanding requests' elements and the one the consumer holds.
 CLIENT_RSS_BOUND_MB = (WORKLOADS["client_rss"].max_outstanding_requests + 1) * FLOAT_ARRAY_ELEMENTS * 4 / MB
 _WORKLOAD_NUMBERS = {str(i + 1): key for i, key in enumerate(WORKLOADS)}
+#: Workload 4's stored figures, per mode, and the ratio above which a run warns (see first_element_check).
+FIRST_ELEMENT_BASELINE = Path(__file__).with_name("first_element_baseline.json")
 
 
 def log(message: str) -> None:
@@ -286,6 +290,45 @@ def calibrate(side: str, python: str, target_ms: float) -> dict:
                          f"{result.stderr[-2000:]}")
 
 
+def first_element_check(measurements: list[Measurement], baseline_path: Path = FIRST_ELEMENT_BASELINE
+                        ) -> tuple[list[str], list[str]]:
+    """(notes, warnings) of the smoke check of workload 4: our best time to first element in each mode
+    against the figure stored in ``baseline_path``, a warning where it is more than ``warn_ratio`` times that.
+    A slow first element hides behind good throughput (the first ``distribute()`` of a process once scanned
+    every installed distribution's metadata, 35-80 ms): this keeps it in sight.
+
+    Example::
+
+        >>> m = Measurement("ours", "first_element", "parallel_epochs", 1, 10, best={"first_element_ms": 80.0})
+        >>> first_element_check([m])[1]
+        ['time to first element, parallel_epochs: 80.0 ms, more than 1.5x the stored 26.6 ms
+          (first_element_baseline.json): a regression, or a loaded machine; profile the first next() of a
+          distributed dataset']
+    """
+    ours = [m for m in measurements if m.side == "ours" and m.workload == "first_element" and m.best]
+    if not ours:
+        return [], []
+    try:
+        stored = json.loads(baseline_path.read_text())
+        ratio = float(stored["warn_ratio"])
+        figures = {mode: float(ms) for mode, ms in stored["first_element_ms"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [f"time to first element not checked: cannot read {baseline_path}: {exc}"], []
+    notes, warnings = [], []
+    for m in ours:
+        figure, measured = figures.get(m.mode), m.best["first_element_ms"]
+        if figure is None:
+            notes.append(f"time to first element, {m.mode}: no stored figure in {baseline_path.name}")
+        elif measured > ratio * figure:
+            warnings.append(f"time to first element, {m.mode}: {measured:.1f} ms, more than {ratio:g}x the stored "
+                            f"{figure:g} ms ({baseline_path.name}): a regression, or a loaded machine; profile the "
+                            f"first next() of a distributed dataset")
+        else:
+            notes.append(f"time to first element, {m.mode}: {measured:.1f} ms, within {ratio:g}x the stored "
+                         f"{figure:g} ms ({baseline_path.name})")
+    return notes, warnings
+
+
 # --- the table ----------------------------------------------------------------------------------------------
 
 def _fmt(value: Optional[float], unit: str) -> str:
@@ -450,6 +493,11 @@ def main(argv: Optional[list] = None) -> int:
                                                  if side == "tf" else " (pure Python)"))
     for m in measurements:
         notes.extend(f"warning: {w}" for w in m.warnings)
+    first_notes, first_warnings = first_element_check(measurements)
+    notes.extend(first_notes)
+    notes.extend(f"warning: {w}" for w in first_warnings)
+    for warning in first_warnings:
+        log(f"warning: {warning}")
     for note in notes:
         print(note)
     print(f"total time {duration:.0f} s")
@@ -473,6 +521,7 @@ def main(argv: Optional[list] = None) -> int:
             "rows": rows,
             "measurements": [dataclasses.asdict(m) for m in measurements],
             "errors": errors,
+            "first_element_check": {"notes": first_notes, "warnings": first_warnings},
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

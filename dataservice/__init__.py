@@ -39,20 +39,46 @@ def _quiet_grpc_core() -> None:
 _quiet_grpc_core()
 
 from dataservice import errors
-from dataservice.client.distribute import CrossTrainerCache, ShardingPolicy, distribute, from_dataset_id, \
-    register_dataset
-from dataservice.client.distributed_save import distributed_save
-from dataservice.data import (AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset,
-                              FixedLengthRecordDataset, Options, SqlDataset, TensorSpec, TextLineDataset,
-                              TFRecordDataset, TFRecordWriter, ThreadingOptions, shuffle_and_repeat)
 
-from dataservice.data.code_shipping import ship_by_reference, ship_by_value
-from dataservice.data.saved import load, save
-from dataservice.data.snapshots import snapshot
-from dataservice.data.static_sharding import SHARD_HINT
-from dataservice.dispatcher.server import DispatchServer
-from dataservice.service.config import DispatcherConfig, WorkerConfig
-from dataservice.worker.server import WorkerServer
+#: Where each public name is defined. ``import dataservice`` imports none of them: each is imported on
+#: first use (PEP 562 ``__getattr__`` below), so the ``dataservice`` command's cheap subcommands
+#: (``--version``, ``health``, ``status``), which import the package first, skip the pipeline library,
+#: numpy and the servers they never use. ``from dataservice import X`` and ``dataservice.X`` work as if
+#: the names were imported here.
+_PUBLIC_HOMES = {
+    "AUTOTUNE": "dataservice.data",
+    "CrossTrainerCache": "dataservice.client.distribute",
+    "Dataset": "dataservice.data",
+    "DispatchServer": "dataservice.dispatcher.server",
+    "DispatcherConfig": "dataservice.service.config",
+    "FixedLengthRecordDataset": "dataservice.data",
+    "INFINITE_CARDINALITY": "dataservice.data",
+    "Options": "dataservice.data",
+    "SHARD_HINT": "dataservice.data.static_sharding",
+    "ShardingPolicy": "dataservice.client.distribute",
+    "SqlDataset": "dataservice.data",
+    "TFRecordDataset": "dataservice.data",
+    "TFRecordWriter": "dataservice.data",
+    "TensorSpec": "dataservice.data",
+    "TextLineDataset": "dataservice.data",
+    "ThreadingOptions": "dataservice.data",
+    "UNKNOWN_CARDINALITY": "dataservice.data",
+    "WorkerConfig": "dataservice.service.config",
+    "WorkerServer": "dataservice.worker.server",
+    "distribute": "dataservice.client.distribute",
+    "distributed_save": "dataservice.client.distributed_save",
+    "from_dataset_id": "dataservice.client.distribute",
+    "load": "dataservice.data.saved",
+    "register_dataset": "dataservice.client.distribute",
+    "save": "dataservice.data.saved",
+    "ship_by_reference": "dataservice.data.code_shipping",
+    "ship_by_value": "dataservice.data.code_shipping",
+    "shuffle_and_repeat": "dataservice.data",
+    "snapshot": "dataservice.data.snapshots",
+}
+#: Subpackages bound on first use too: ``import dataservice`` used to import these, so code that
+#: reaches ``dataservice.data.experimental`` through the package alone keeps working.
+_SUBPACKAGES = frozenset({"catalogue", "client", "data", "dispatcher", "proto", "service", "worker"})
 
 __version__ = "0.1.0"
 
@@ -91,10 +117,26 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # The catalogue (TFDS-style datasets) is imported on first use: servers and most clients never need it.
-    if name == "catalogue":
-        import importlib
+def __getattr__(name: str) -> object:
+    """Imports a public name on first use (PEP 562), then keeps it in the module's namespace.
 
-        return importlib.import_module("dataservice.catalogue")
-    raise AttributeError(f"module 'dataservice' has no attribute {name!r}")
+    Example::
+
+        >>> import dataservice
+        >>> dataservice.Dataset.__module__       # dataservice.data.dataset is imported here
+        'dataservice.data.dataset'
+    """
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"dataservice.{name}")  # which binds it here
+    home = _PUBLIC_HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'dataservice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

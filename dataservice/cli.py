@@ -63,23 +63,24 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TextIO
 
 import dataservice
 from dataservice import errors
-from dataservice.dispatcher.core import LONG_POLL_METHODS
-from dataservice.dispatcher.server import DispatchServer
+# The long-poll methods, whose time in ``status`` is waiting by design: from rpc_stats, a module of few imports,
+# not from the dispatcher's core, whose import brings the pipeline library (ten times the rest of ``status``).
+from dataservice.dispatcher.rpc_stats import LONG_POLL_METHODS
 from dataservice.service.addresses import channel_address, target
 from dataservice.service.auth import ClusterAuth, read_token_file
-from dataservice.service.config import DispatcherConfig, WorkerConfig, check_worker_tags, default_memory_budget_bytes
-from dataservice.service.dispatcher_client import DispatcherClient
-from dataservice.service.listening import LISTENING_RECORD, tls_note
 from dataservice.service.tls import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsSettings
-from dataservice.service.processing_modes import mode_name
 from dataservice.service.worker_list import check_worker_addresses
-from dataservice.worker.processes import (WorkerProcesses, WorkerProcessesError, available_cpus, follow_supervisor,
-                                          worker_command)
-from dataservice.worker.server import WorkerServer
+
+# What only some commands use is imported by them: a healthcheck runs `dataservice health` every few
+# seconds in every container, and `--version`, `health` and `status` need neither the servers nor the
+# pipeline library (numpy, cloudpickle). tests/test_cli_startup.py checks what they import.
+if TYPE_CHECKING:
+    from dataservice.service.config import DispatcherConfig, WorkerConfig
+    from dataservice.service.dispatcher_client import DispatcherClient
 
 __all__ = ["main", "build_parser", "dispatcher_config", "worker_config", "worker_process_flags", "status_as_dict",
            "format_status", "positive_int"]
@@ -127,6 +128,8 @@ _non_negative_int = _int_flag("a non-negative integer", 0)
 def _processes(text: str) -> int:
     """``--processes``: a positive integer, or "auto" for one process per available core."""
     if text.strip().lower() == "auto":
+        from dataservice.worker.processes import available_cpus
+
         return available_cpus()
     try:
         value = int(text)
@@ -140,6 +143,8 @@ def _processes(text: str) -> int:
 
 def _worker_tags(text: str) -> tuple:
     # Commas separate tags; spaces inside a tag stay ("Unused tag 1,zone-a"), those around a comma go.
+    from dataservice.service.config import check_worker_tags
+
     try:
         return check_worker_tags([tag.strip() for tag in text.split(",")])
     except ValueError as exc:
@@ -394,8 +399,10 @@ def _worker_addresses(text: str) -> tuple:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def dispatcher_config(args: argparse.Namespace):
+def dispatcher_config(args: argparse.Namespace) -> DispatcherConfig:
     """The DispatcherConfig that ``args`` ask for; ValueError worded in terms of flags."""
+    from dataservice.service.config import DispatcherConfig
+
     if args.fault_tolerant and not args.work_dir:
         raise ValueError("--fault-tolerant requires --work-dir DIR, the directory the journal is written to")
     return DispatcherConfig(port=args.port, work_dir=args.work_dir, fault_tolerant_mode=args.fault_tolerant,
@@ -408,8 +415,11 @@ def dispatcher_config(args: argparse.Namespace):
                             http_port=args.http_port, worker_addresses=getattr(args, "worker_addresses", None))
 
 
-def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None, port: Optional[int] = None):
+def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None,
+                  port: Optional[int] = None) -> WorkerConfig:
     """The WorkerConfig that ``args`` ask for (``local`` passes its own dispatcher and port)."""
+    from dataservice.service.config import WorkerConfig
+
     return WorkerConfig(dispatcher_address=dispatcher_address or args.dispatcher,
                         worker_address=getattr(args, "worker_address", None),
                         port=args.port if port is None else port,
@@ -494,6 +504,8 @@ def _shown_host(host: Optional[str]) -> str:
 
 def _drop_listening(record: logging.LogRecord) -> bool:
     """A logging filter: drops a server's "listening on" record (``listening.log_listening``)."""
+    from dataservice.service.listening import LISTENING_RECORD
+
     return not getattr(record, LISTENING_RECORD, False)
 
 
@@ -535,6 +547,8 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
 def _http_lines(servers: list) -> list[str]:
     """A line per server serving HTTP (--http-port): where its status page is (a parent that passed
     --http-port 0 reads the port from it)."""
+    from dataservice.dispatcher.server import DispatchServer
+
     lines = []
     for server in servers:
         if server.config.http_port is None:
@@ -546,6 +560,9 @@ def _http_lines(servers: list) -> list[str]:
 
 
 def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.dispatcher.server import DispatchServer
+    from dataservice.service.listening import tls_note
+
     try:
         config = dispatcher_config(args)
     except ValueError as exc:
@@ -565,6 +582,10 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.service.listening import tls_note
+    from dataservice.worker.processes import follow_supervisor
+    from dataservice.worker.server import WorkerServer
+
     try:
         config = worker_config(args)
     except ValueError as exc:
@@ -589,6 +610,8 @@ def _run_worker(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def worker_process_flags(args: argparse.Namespace) -> list[str]:
     """The flags each process of ``worker --processes N`` gets: all of ``args`` but the ports and
     ``--processes``, which the supervisor sets per process."""
+    from dataservice.service.config import default_memory_budget_bytes
+
     flags = ["--dispatcher", args.dispatcher, "--data-transfer-protocol", args.data_transfer_protocol,
              "--log-level", args.log_level]
     if args.worker_address is not None:
@@ -623,6 +646,8 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
 
 def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentParser, config) -> int:
     """``worker --processes N`` with N > 1: supervise N worker processes (dataservice.worker.processes)."""
+    from dataservice.worker.processes import WorkerProcesses, WorkerProcessesError, worker_command
+
     n = args.processes
     if args.http_port:
         parser.error(f"--http-port {args.http_port} with --processes {n}: each process serves HTTP on a port of "
@@ -656,6 +681,9 @@ def _run_worker_processes(args: argparse.Namespace, parser: argparse.ArgumentPar
 
 
 def _run_local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.dispatcher.server import DispatchServer
+    from dataservice.worker.server import WorkerServer
+
     # The worker flags need no check here: argparse checked each of them, and they have no combinations
     # a WorkerConfig rejects.
     try:
@@ -698,6 +726,8 @@ def _one_line(exc: BaseException) -> str:
 
 def status_as_dict(response: Any, dispatcher: str, now: Optional[float] = None) -> dict:
     """A GetStatusResponse as plain JSON-able data."""
+    from dataservice.service.processing_modes import mode_name
+
     now = time.time() if now is None else now
     return {
         "dispatcher": dispatcher,
@@ -852,6 +882,8 @@ def format_status(status: dict, out: TextIO) -> None:
 
 def _dispatcher_client(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DispatcherClient:
     """A client of ``--dispatcher`` with the command's token and TLS flags (a bad one exits with usage)."""
+    from dataservice.service.dispatcher_client import DispatcherClient
+
     try:
         auth = ClusterAuth.resolve(_auth_token(args))
         tls = TlsSettings.resolve(args.tls_ca, args.tls_cert, args.tls_key)

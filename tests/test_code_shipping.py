@@ -89,6 +89,54 @@ def test_ship_by_value_rejects_what_is_not_a_module_name(overrides):
         ds.ship_by_reference(3)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10's packages_distributions also counts non-.py files")
+def test_installed_top_level_names_are_those_importlib_finds():
+    # The lean reading (without each distribution's METADATA or a path object per file) finds what
+    # importlib.metadata.packages_distributions() finds, in this environment with its mix of
+    # top_level.txt and RECORD-only distributions.
+    import importlib.metadata
+
+    assert code_shipping._installed_top_levels.__wrapped__() == frozenset(importlib.metadata.packages_distributions())
+
+
+@pytest.fixture
+def fresh_installed_names():
+    """The installed top-level names are cached per process: computed afresh in the test, and after it."""
+    code_shipping._installed_top_levels.cache_clear()
+    yield
+    code_shipping._installed_top_levels.cache_clear()
+
+
+def test_a_distribution_without_top_level_txt_on_the_path_goes_by_reference(tmp_path, monkeypatch,
+                                                                           fresh_installed_names):
+    # As `pip install --target DIR` on PYTHONPATH leaves a wheel whose dist-info has no top_level.txt:
+    # the package and the module it installs are read from RECORD, so they are not shipped by value.
+    import importlib
+
+    site_dir = tmp_path / "target"
+    (site_dir / "recordonlylib").mkdir(parents=True)
+    (site_dir / "recordonlylib" / "__init__.py").write_text("X = 1\n")
+    (site_dir / "recordonly_mod.py").write_text("Y = 2\n")
+    info = site_dir / "recordonlylib-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: recordonlylib\nVersion: 0.1\n")
+    (info / "RECORD").write_text("recordonlylib/__init__.py,sha256=abc,6\nrecordonly_mod.py,,\n"
+                                 "recordonlylib-0.1.dist-info/METADATA,,\nrecordonlylib-0.1.dist-info/RECORD,,\n")
+    beside = _module_from(tmp_path, "beside_the_target", "Z = 3\n")
+    monkeypatch.syspath_prepend(str(site_dir))
+    importlib.invalidate_caches()
+    package = types.ModuleType("recordonlylib")
+    package.__file__ = str(site_dir / "recordonlylib" / "__init__.py")
+    module = types.ModuleType("recordonly_mod")
+    module.__file__ = str(site_dir / "recordonly_mod.py")
+
+    assert not code_shipping.is_shipped_by_value(package)
+    assert not code_shipping.is_shipped_by_value(module)
+    assert code_shipping.is_shipped_by_value(beside)  # the user's own module: no distribution provides it
+    assert {"recordonlylib", "recordonly_mod"} <= code_shipping._installed_top_levels()
+    assert "recordonlylib-0" not in code_shipping._installed_top_levels()
+
+
 def test_versions_skew_rules():
     mine = versions()
     assert skew(mine, mine) == []

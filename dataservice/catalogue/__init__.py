@@ -20,17 +20,23 @@ Example::
     >>> catalogue.benchmark(ds.batch(32), batch_size=32)
 """
 
-from dataservice.catalogue.benchmarking import BenchmarkResult, benchmark
-from dataservice.catalogue.builders import (BuilderConfig, DatasetBuilder, GeneratorBasedBuilder, ReadOnlyBuilder,
-                                            default_data_dir)
-from dataservice.catalogue.dataset_info import DatasetInfo, SplitDict, SplitInfo
-from dataservice.catalogue.downloads import DownloadConfig, DownloadManager
-from dataservice.catalogue.features import (ClassLabel, FeatureConnector, FeaturesDict, Image, Scalar, Tensor,
-                                            Text)
-from dataservice.catalogue.reading import InputContext, ReadConfig
-from dataservice.catalogue.registry import as_numpy, builder, builder_from_directory, list_builders, load
-from dataservice.catalogue.splits import ReadInstruction, even_splits
-from dataservice.catalogue.versions import Version
+#: Where each public name is defined, imported on first use (PEP 562 ``__getattr__`` below): the
+#: ``dataservice`` command imports ``catalogue.command`` to build its parser, and the builders, features
+#: and readers (numpy and the pipeline library) would cost every command a quarter of a second.
+_PUBLIC_HOMES = {
+    "BenchmarkResult": "benchmarking", "benchmark": "benchmarking",
+    "BuilderConfig": "builders", "DatasetBuilder": "builders", "GeneratorBasedBuilder": "builders",
+    "ReadOnlyBuilder": "builders", "default_data_dir": "builders",
+    "DatasetInfo": "dataset_info", "SplitDict": "dataset_info", "SplitInfo": "dataset_info",
+    "DownloadConfig": "downloads", "DownloadManager": "downloads",
+    "ClassLabel": "features", "FeatureConnector": "features", "FeaturesDict": "features", "Image": "features",
+    "Scalar": "features", "Tensor": "features", "Text": "features",
+    "InputContext": "reading", "ReadConfig": "reading",
+    "as_numpy": "registry", "builder": "registry", "builder_from_directory": "registry",
+    "list_builders": "registry", "load": "registry",
+    "ReadInstruction": "splits", "even_splits": "splits",
+    "Version": "versions",
+}
 
 __all__ = [
     "BenchmarkResult", "BuilderConfig", "ClassLabel", "DatasetBuilder", "DatasetInfo", "DownloadConfig",
@@ -39,3 +45,30 @@ __all__ = [
     "Version", "as_numpy", "benchmark", "builder", "builder_from_directory", "default_data_dir", "even_splits",
     "list_builders", "load",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Imports a public name on first use, then keeps it in the module's namespace.
+
+    Example::
+
+        >>> from dataservice import catalogue
+        >>> catalogue.Version("1.2.3").major      # dataservice.catalogue.versions is imported here
+        1
+    """
+    import importlib
+    import importlib.util
+
+    home = _PUBLIC_HOMES.get(name)
+    if home is None:
+        # Its modules too (catalogue.features, ...), bound here as when this module imported them all.
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -40,6 +40,7 @@ from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey
 from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.addresses import parse_address
+from dataservice.service.intervals import OffsetSet
 from dataservice.service.config import WORKER_TAG_RULE, DispatcherConfig, worker_tags_problem
 from dataservice.service.host_identity import check_host_id
 from dataservice.service.processing_modes import MODE_NAMES, is_static
@@ -94,8 +95,6 @@ LIVENESS_TICK_S = 1.0
 #: beyond this many, a long poll is answered at once, so waiting calls can never hold every
 #: thread and starve the calls a read needs (a worker answered early waits on its own side).
 LONG_POLL_SLOTS = 12
-#: The RPCs that long-poll (wait here for news): their latency is mostly waiting by design, not slowness.
-LONG_POLL_METHODS = frozenset({"WorkerHeartbeat", "GetSplit"})
 #: New tasks one WorkerHeartbeat answer carries at most; the answer says there are more, and the
 #: worker asks again at once. Keeps the reply small however many iterations are created at once.
 MAX_NEW_TASKS_PER_HEARTBEAT = 256
@@ -578,25 +577,41 @@ class DispatcherCore:
         return not waiting
 
     # --- clients ------------------------------------------------------------------
+    def _heartbeat_client(self, req: dispatcher_pb2.ClientHeartbeatRequest):
+        """The client a heartbeat comes from and its iteration, its read key checked (under the lock)."""
+        client = self.state.clients.get(req.client_id)
+        if client is None:
+            raise errors.NotFoundError(
+                f"client {req.client_id} is unknown to the dispatcher (released, timed out after "
+                f"{self.config.client_timeout_ms} ms, or the dispatcher restarted without fault tolerance)")
+        iteration = self.state.iterations[client.iteration_id]
+        self._check_read_key(iteration, req.read_key, f"ClientHeartbeat for client {req.client_id}")
+        return client, iteration
+
     def client_heartbeat(self, req: dispatcher_pb2.ClientHeartbeatRequest) -> dispatcher_pb2.ClientHeartbeatResponse:
+        progress = self._new_progress(req) if req.progress else []
+        # Many new ranges are recorded a slice at a time, the lock released in between: other RPCs go on.
+        pieces = _progress_pieces(progress)
+        for piece in pieces[:-1]:
+            with self._cond:
+                client, iteration = self._heartbeat_client(req)
+                if not iteration.finished:
+                    self._commit(state_pb2.Update(record_progress=state_pb2.RecordProgressUpdate(
+                        iteration_id=iteration.iteration_id, progress=piece,
+                        reader=client.reader_index + 1 if client.reader_index is not None else 0)))
+        progress = pieces[-1] if pieces else []
         with self._cond:
-            client = self.state.clients.get(req.client_id)
-            if client is None:
-                raise errors.NotFoundError(
-                    f"client {req.client_id} is unknown to the dispatcher (released, timed out after "
-                    f"{self.config.client_timeout_ms} ms, or the dispatcher restarted without fault tolerance)")
-            iteration = self.state.iterations[client.iteration_id]
-            self._check_read_key(iteration, req.read_key, f"ClientHeartbeat for client {req.client_id}")
+            client, iteration = self._heartbeat_client(req)
             self._client_seen[req.client_id] = self._clock()
             if req.HasField("stats"):
                 self.load_reports.client_reported(
                     req.client_id, iteration.job_id, iteration.iteration_id,
                     self.state.jobs[iteration.job_id].name, req.stats.elements, req.stats.bytes,
                     req.stats.stall_us / 1e6, req.stats.elapsed_us / 1e6, now=self._clock(), now_unix=time.time())
-            if req.progress and not iteration.finished:
+            if progress and not iteration.finished:
                 reader = client.reader_index + 1 if client.reader_index is not None else 0
                 self._commit(state_pb2.Update(record_progress=state_pb2.RecordProgressUpdate(
-                    iteration_id=iteration.iteration_id, progress=req.progress, reader=reader)))
+                    iteration_id=iteration.iteration_id, progress=progress, reader=reader)))
                 self._maybe_finish_iteration(iteration.iteration_id)
             for task_id in req.stopped_tasks:
                 waiting = self._awaiting_stop.get(task_id)
@@ -624,6 +639,39 @@ class DispatcherCore:
                 if tasks:
                     self._rounds.published(iteration.iteration_id)
             return response
+
+    def _new_progress(self, req: dispatcher_pb2.ClientHeartbeatRequest) -> list:
+        """What of the heartbeat's offsets the dispatcher does not hold yet, worked out without its lock.
+
+        A reader reports all it holds of each split it received more of: with many gaps (a cross-trainer
+        cache's skips, an elastic reader's share) that is hundreds of thousands of ranges, and merging them
+        under the lock held every other RPC for half a second. Here the lock is taken only to copy what is held
+        (two list copies per split), the difference is computed outside it, and the journaled update carries
+        only that. Progress only grows, so offsets recorded meanwhile by others are harmless to add again."""
+        with self._cond:
+            client = self.state.clients.get(req.client_id)
+            iteration = self.state.iterations.get(client.iteration_id) if client is not None else None
+            if iteration is None or iteration.finished:
+                return list(req.progress)  # checked, and refused or skipped, under the lock as before
+            reader = client.reader_index
+            held = {}
+            for p in req.progress:
+                key = (p.stream_id, p.split_index)
+                source = iteration.reader_progress.get(key, {}).get(reader) if reader is not None \
+                    else iteration.progress.get(key)
+                held[key] = None if key in iteration.done else source.copy() if source is not None else OffsetSet()
+        out = []
+        for p in req.progress:
+            key = (p.stream_id, p.split_index)
+            have = held[key]
+            if have is None:
+                continue  # done: every element of the split is with a client
+            new = OffsetSet.from_flat(p.ranges).difference(have) if len(p.ranges) > 2 or have.ranges else None
+            ranges = p.ranges if new is None else new.flat()
+            if ranges or p.total >= 0:
+                out.append(state_pb2.SplitProgress(stream_id=p.stream_id, split_index=p.split_index,
+                                                   ranges=ranges, total=p.total))
+        return out
 
     def _client_heartbeat_s(self) -> float:
         """How often readers heartbeat: well within client_timeout_ms."""
@@ -1337,6 +1385,35 @@ def _check_worker_labels(req: dispatcher_pb2.WorkerHeartbeatRequest) -> None:
 def _worker_fields(worker) -> dict:
     """What a reader needs to know of a task's worker to choose whether to read it (target_workers)."""
     return {"worker_tags": worker.tags, "worker_host_id": worker.host_id, "worker_uid": worker.uid}
+
+
+#: A heartbeat's new ranges are recorded this many at a time (each slice holds the lock for milliseconds).
+PROGRESS_PIECE_RANGES = 32_768
+
+
+def _progress_pieces(progress: list) -> list[list]:
+    """``progress`` (SplitProgress) cut into slices of at most PROGRESS_PIECE_RANGES ranges, in order; a split's
+    total goes with its last slice. One slice (or none) for the usual small heartbeat."""
+    if sum(len(p.ranges) for p in progress) <= 2 * PROGRESS_PIECE_RANGES:
+        return [progress] if progress else []
+    pieces: list[list] = [[]]
+    room = PROGRESS_PIECE_RANGES
+    for p in progress:
+        flat = list(p.ranges)
+        at = 0
+        while True:
+            take = min(len(flat) - at, 2 * room)
+            last = at + take == len(flat)
+            pieces[-1].append(state_pb2.SplitProgress(stream_id=p.stream_id, split_index=p.split_index,
+                                                      ranges=flat[at:at + take], total=p.total if last else -1))
+            at += take
+            room -= take // 2
+            if room == 0:
+                pieces.append([])
+                room = PROGRESS_PIECE_RANGES
+            if last:
+                break
+    return [piece for piece in pieces if piece]
 
 
 def _held_ranges(iteration, key: tuple) -> list[int]:

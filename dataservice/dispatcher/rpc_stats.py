@@ -19,6 +19,10 @@ import collections
 import dataclasses
 import threading
 
+#: The RPCs that long-poll (wait in the dispatcher for news): their latency is mostly waiting by design, not
+#: slowness (``dataservice status`` marks them). Here, in a module of few imports, so that the CLI reads it cheaply.
+LONG_POLL_METHODS = frozenset({"WorkerHeartbeat", "GetSplit"})
+
 __all__ = ["RpcStats", "MethodLatency", "RECENT_CALLS"]
 
 #: Durations kept per method: percentiles describe the recent past, not the dispatcher's whole life.

@@ -37,12 +37,9 @@ import time
 from typing import Any, Callable, Optional
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dataservice.service.addresses import channel_address, parse_address, target
 from dataservice.service.auth import TOKEN_ENV, TOKEN_FILE_ENV, ClusterAuth, read_token_file
-from dataservice.service.endpoint_probe import EndpointKind, probe_endpoint
-from dataservice.service.rpc import make_channel
 from dataservice.service.tls import TlsSettings, probe_tls
 
 __all__ = ["add_parser", "run", "check_health", "HealthResult", "SERVICE_ALIASES", "HEALTH_TIMEOUT_MS",
@@ -58,8 +55,6 @@ SERVICE_ALIASES = {"dispatcher": "dataservice.Dispatcher", "worker": "dataservic
 AUTH_PROBE_METHOD = "/dataservice.HealthProbe/CheckAuth"
 
 EXIT_UNHEALTHY = 1
-
-_STATUS_NAMES = {value: name for name, value in health_pb2.HealthCheckResponse.ServingStatus.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +111,8 @@ def _one_line(text: str) -> str:
 
 def _unreachable(address: str, exc: grpc.RpcError, tls: Optional[TlsSettings]) -> str:
     """Why a Check call found no gRPC server: one raw connection tells what is there (endpoint_probe)."""
+    from dataservice.service.endpoint_probe import EndpointKind, probe_endpoint
+
     probe = probe_endpoint(address)
     if tls is not None and probe.kind is EndpointKind.TLS:
         # A TLS server that refused the handshake: a CA that did not sign its certificate, or (mutual
@@ -169,6 +166,12 @@ def check_health(address: str, service: str = "", timeout_s: float = HEALTH_TIME
         >>> check_health("localhost:5050", "dataservice.Dispatcher")
         HealthResult(healthy=True, message='grpc://localhost:5050: SERVING (dataservice.Dispatcher)')
     """
+    # Imported here: building the ``dataservice`` command's parser imports this module, and the commands
+    # other than ``health`` (``--version``) need neither protobuf nor our channel code.
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dataservice.service.rpc import make_channel
+
     if check_auth and auth is None:
         return HealthResult(False, f"--check-auth needs the cluster token: pass --auth-token-file or set "
                                    f"{TOKEN_ENV} or {TOKEN_FILE_ENV}")
@@ -189,7 +192,8 @@ def check_health(address: str, service: str = "", timeout_s: float = HEALTH_TIME
                 return HealthResult(False, _unreachable(address, exc, tls))
             return HealthResult(False, f"{address}: health check failed: {exc.code().name} "
                                        f"({_one_line(exc.details() or '')})")
-        status = _STATUS_NAMES.get(response.status, str(response.status))
+        names = {value: name for name, value in health_pb2.HealthCheckResponse.ServingStatus.items()}
+        status = names.get(response.status, str(response.status))
         label = f"{target(address, 'server')}: {status}" + (f" ({service})" if service else "")
         if response.status != health_pb2.HealthCheckResponse.SERVING:
             return HealthResult(False, label)

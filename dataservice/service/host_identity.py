@@ -25,8 +25,6 @@ import hashlib
 import os
 import socket
 
-from dataservice.service.cross_memory import _network_namespace
-
 __all__ = ["host_id", "HOST_ID_ENV", "check_host_id"]
 
 #: Names this process's host, in place of the kernel's boot id and network namespace.
@@ -57,6 +55,9 @@ def _derived() -> str:
             kernel = f.read().strip()
     except OSError:
         kernel = socket.gethostname()  # not Linux: the host's name is the best there is
+    # Imported here: cross_memory needs numpy, which the configs (and the CLI's health check) do not.
+    from dataservice.service.cross_memory import _network_namespace
+
     try:
         device, inode = _network_namespace("self")  # cross_memory's notion of "here" too
         network = f"{device}:{inode}"
