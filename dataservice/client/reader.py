@@ -356,16 +356,18 @@ class IterationReader:
             prefix.append((group, first, n, total if n == count else -1))
         return self._position.copy_with(prefix)
 
-    def stats(self, _monotonic: Callable[[], float] = time.monotonic) -> ReaderStats:
-        """This reader's counters (see ``ReaderStats``); safe from any thread (and at interpreter exit:
-        the clock is bound as a default, see ``ReaderStatsRecorder.finished``)."""
+    def stats(self, _monotonic: Callable[[], float] = time.monotonic,
+              _of: Callable[..., ReaderStats] = ReaderStats.of) -> ReaderStats:
+        """This reader's counters (see ``ReaderStats``); safe from any thread (and at interpreter exit: the
+        clock and the constructor are bound as defaults, module teardown having set globals to None: see
+        ``ReaderStatsRecorder.finished``)."""
         stall = self._stall_s
         waiting = self._waiting_since  # read after _stall_s: see __next__
         now = _monotonic()
         if waiting is not None:
             stall += now - waiting
         end = self._ended_at if self._ended_at is not None else now
-        return ReaderStats.of(self._credits.taken, self._bytes_taken, stall, end - self.started_at)
+        return _of(self._credits.taken, self._bytes_taken, stall, end - self.started_at)
 
     def _stats_report(self) -> dispatcher_pb2.ReaderStatsReport:
         stats = self.stats()
