@@ -517,7 +517,7 @@ class _DataServiceDataset(Dataset):
         try:
             dataset_id = self._registered_id(client)
             self._check_given_spec(client, dataset_id)
-            options = getattr(self, "_read_options", None) or ReadOptions(job_name=self._job_name)
+            options = self._options()
             # The job name is scoped by the id this reader names (as in tf.data service): a chosen id is sent
             # along, so that readers of two names of one pipeline under one job_name read two jobs.
             named = self._dataset_id if isinstance(self._dataset_id, str) else ""

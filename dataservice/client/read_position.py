@@ -87,7 +87,7 @@ class ReadPosition:
 
     def copy_with(self, segments: Iterable[Segment]) -> "ReadPosition":
         """This position plus ``segments`` (what the consumer took of an answer it is inside of)."""
-        copy = ReadPosition(OffsetSet(self.done.ranges), {g: OffsetSet(s.ranges) for g, s in self.partial.items()},
+        copy = ReadPosition(self.done.copy(), {g: taken.copy() for g, taken in self.partial.items()},
                             dict(self.seeks))
         copy.totals = dict(self.totals)
         copy.took(segments)

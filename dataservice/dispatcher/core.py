@@ -348,16 +348,17 @@ class DispatcherCore:
                          req.job_name, collected.job_id, job_id)
             return dispatcher_pb2.GetOrCreateJobResponse(job_id=job_id)
 
-    def _live_clients(self, job) -> list[int]:
-        """The job's clients heard from within a few heartbeat intervals (a killed trainer's are not, long
-        before client_timeout_ms releases them)."""
+    def _live(self, client_ids) -> bool:
+        """Whether any of these clients was heard from within a few heartbeat intervals (a killed trainer's
+        were not, long before client_timeout_ms releases them)."""
         recent = self._clock() - 3 * self._client_heartbeat_s()
-        return [c for i in job.iterations.values() for c in self.state.iterations[i].clients
-                if self._client_seen.get(c, -math.inf) >= recent]
+        return any(self._client_seen.get(c, -math.inf) >= recent for c in client_ids)
 
     def _abandoned(self, job) -> bool:
-        """A restored job that was read (an iteration exists) and whose readers are all gone or silent."""
-        return bool(job.iterations) and not self._live_clients(job)
+        """A restored job left in the middle of an iteration: one not finished whose readers are all gone or
+        silent. (Between two epochs every reader releases its iteration, which then is finished: not this.)"""
+        return any(not it.finished and not self._live(it.clients)
+                   for it in (self.state.iterations[i] for i in job.iterations.values()))
 
     def _check_restored_position(self, req: dispatcher_pb2.GetOrCreateJobRequest, key: JobKey) -> None:
         """Elastic readers restoring under one job name must restore one position: readers restoring states
@@ -367,7 +368,7 @@ class DispatcherCore:
             if (job.key[:3] != key[:3] or job.key == key or not job.num_readers or job.resume is None
                     or job.job_id in self._read_errors):
                 continue
-            if not self._live_clients(job):
+            if not self._live(c for i in job.iterations.values() for c in self.state.iterations[i].clients):
                 continue  # a restore whose readers are gone (a trainer killed again): no disagreement
             message = (f"job {req.job_name!r}: readers restored states saved at different steps: one at position "
                        f"{req.resume.position} of the deterministic sequence, others at position "
@@ -589,7 +590,9 @@ class DispatcherCore:
         return client, iteration
 
     def client_heartbeat(self, req: dispatcher_pb2.ClientHeartbeatRequest) -> dispatcher_pb2.ClientHeartbeatResponse:
-        progress = self._new_progress(req) if req.progress else []
+        # A usual heartbeat (a few ranges) is recorded in one pass under the lock; a large one is diffed outside it.
+        large = sum(len(p.ranges) for p in req.progress) > 2 * SMALL_PROGRESS_RANGES
+        progress = self._new_progress(req) if large else list(req.progress)
         # Many new ranges are recorded a slice at a time, the lock released in between: other RPCs go on.
         pieces = _progress_pieces(progress)
         for piece in pieces[:-1]:
@@ -1389,6 +1392,9 @@ def _worker_fields(worker) -> dict:
 
 #: A heartbeat's new ranges are recorded this many at a time (each slice holds the lock for milliseconds).
 PROGRESS_PIECE_RANGES = 32_768
+#: A heartbeat of at most this many ranges is recorded as it is, in one pass under the lock: working out what
+#: is new outside it would cost a second pass under the lock, to copy what is held, for nothing.
+SMALL_PROGRESS_RANGES = 1_024
 
 
 def _progress_pieces(progress: list) -> list[list]:
