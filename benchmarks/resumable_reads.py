@@ -56,10 +56,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import dataservice as ds
+from benchmarks.peer_python import find_peer_python
 from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, Proc, ProcessGroup,
                                           _SERVER_LINES, _server_args, interrupt_on_sigterm, positive_number,
                                           subprocess_env)
@@ -69,7 +69,6 @@ from dataservice.service.dispatcher_client import DispatcherClient
 MODES = {"deterministic": True, "dynamic": False}
 #: How the slow worker is slowed (``BENCH_SLOW_BY``), as the table says it.
 SLOW_BY_LABELS = {"work": "repeats its work", "sleep": "sleeps as long as it works"}
-PEER_PYTHON_CANDIDATES = (Path("/work/peervenv/bin/python"), REPO.parent / "peervenv" / "bin" / "python")
 #: Issue 27's targets.
 EQUAL_RATIO_TARGET = 0.90
 SLOW_RATIO_TARGET = 0.75
@@ -368,17 +367,6 @@ def save_and_restore(cluster: Cluster, args: argparse.Namespace) -> dict:
 
 # --- peers ------------------------------------------------------------------------------------------------
 
-def find_peer_python(args: argparse.Namespace) -> tuple[Optional[str], str]:
-    if args.no_peers:
-        return None, "peers skipped (--no-peers)"
-    candidates = [args.peer_python] if args.peer_python else [str(p) for p in PEER_PYTHON_CANDIDATES if p.exists()]
-    if not candidates:
-        return None, ("peers skipped: no interpreter with torch, torchdata and grain (make one: python3 -m venv "
-                      "/work/peervenv && /work/peervenv/bin/pip install torch==2.13.0 torchdata grain; or pass "
-                      "--peer-python PATH)")
-    return candidates[0], f"peers under {candidates[0]}"
-
-
 def run_peers(python: str, args: argparse.Namespace) -> dict:
     cfg = {"n": args.elements, "iters": args.iters, "floats": args.floats, "restore_at": args.restore_at,
            "repeats": args.repeats, "batch": args.batch}
@@ -562,7 +550,7 @@ def main(argv: Optional[list] = None) -> int:
     log(header)
     if groups.num_groups < 16:
         log(f"warning: only {groups.num_groups} split groups; use more --elements")
-    peer_python, peer_note = find_peer_python(args)
+    peer_python, peer_note = find_peer_python(args, "torch==2.13.0 torchdata grain")
     report: dict[str, Any] = {"command": " ".join([sys.executable, "-m", "benchmarks.resumable_reads",
                                                    *(sys.argv[1:] if argv is None else argv)]),
                               "work_us": work_us, "iters": args.iters, "num_groups": groups.num_groups,

@@ -528,8 +528,11 @@ def _serve(prog: str, start: Callable[[], list], announce: Callable[[list], str]
         except (errors.DataServiceError, OSError) as exc:
             print(f"{prog}: error: cannot start: {_one_line(exc)}", file=sys.stderr, flush=True)
             return EXIT_FAILURE
+        # Worked out before anything is announced: whoever waits for the listening line may start using the
+        # ports at once (a flood of connections can leave no file descriptor for an import after it).
+        http_lines = _http_lines(servers)
         _announce(announce(servers))
-        for line in _http_lines(servers):
+        for line in http_lines:
             _announce(line)
         shutdown.wait()
         return 0

@@ -1,5 +1,6 @@
-"""Long polls cannot starve other RPCs: with 64 heartbeat long polls waiting (the server has 32
-RPC threads), the calls a read makes and a real worker's heartbeats are answered at once."""
+"""Long polls cannot starve other RPCs: with 64 heartbeat long polls all waiting at once (each a
+coroutine of the dispatcher's asyncio server, none holding a thread), the calls a read makes and a
+real worker's heartbeats are answered at once."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import threading
 import time
 
 from dataservice import Dataset, register_dataset
-from dataservice.dispatcher.core import LONG_POLL_SLOTS
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
@@ -17,8 +17,8 @@ POLLS = 64
 
 
 def test_64_long_polls_do_not_delay_a_read_or_a_workers_heartbeat():
-    # worker_timeout_ms of 60 s lets each long poll wait up to 30 s: without the slots, every
-    # RPC thread would be held that long.
+    # worker_timeout_ms of 60 s lets each long poll wait up to 30 s: on a thread-per-call server
+    # every RPC thread would be held that long.
     with TestCluster(num_workers=1, worker_timeout_ms=60_000) as cluster:
         core = cluster.dispatcher.core
         pollers = [DispatcherClient(cluster.dispatcher_address, timeout_ms=40_000) for _ in range(4)]
@@ -39,7 +39,7 @@ def test_64_long_polls_do_not_delay_a_read_or_a_workers_heartbeat():
             t.start()
         client = DispatcherClient(cluster.dispatcher_address, timeout_ms=10_000)
         try:
-            wait_until(lambda: core._long_polls >= min(POLLS, LONG_POLL_SLOTS), 10, "the long-poll slots to fill")
+            wait_until(lambda: core.wakeups.waiting() >= POLLS, 20, "every long poll to wait")
             # Every poller has registered (on a loaded machine its thread's first call may come late).
             wait_until(lambda: cluster.num_registered_workers() == POLLS + 1, 20, "every poller to register")
             started = time.monotonic()

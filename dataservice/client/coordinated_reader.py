@@ -150,7 +150,7 @@ class CoordinatedReader(IterationReader):
             try:
                 response = self._dispatcher.client_heartbeat(
                     self.client_id, (), stopped, self._read_key, stats=self._stats_report(),
-                    current_round=current_round, acknowledged_block_round=acknowledged)
+                    current_round=current_round, acknowledged_block_round=acknowledged, tasks=self._known_tasks)
             except errors.DataServiceError as exc:
                 self._fail(exc)
                 return

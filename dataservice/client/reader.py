@@ -42,7 +42,7 @@ from dataservice.client.target_workers import WorkerTargeting
 from dataservice.client.transports import TransientError, connect
 from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
 from dataservice.service.auth import ClusterAuth, task_read_key
-from dataservice.service.dispatcher_client import DispatcherClient
+from dataservice.service.dispatcher_client import DispatcherClient, KnownTasks
 from dataservice.service.tls import TlsSettings
 from dataservice.service.intervals import OffsetSet
 from dataservice.service.lifecycle import Stage, stop_at_exit
@@ -65,8 +65,11 @@ GET_ELEMENTS_WAIT_MS = 500
 #: The same, when there are fewer credits than tasks: a fetcher holding the only credits must not
 #: sit on a worker that has nothing (say, no split left) while another worker has elements ready.
 SCARCE_CREDITS_WAIT_MS = 20
-#: How often the client tells the dispatcher it is alive (and learns of new tasks).
+#: How often the client tells the dispatcher it is alive (and learns of new tasks), unless the dispatcher
+#: says otherwise (it stretches the interval for thousands of readers: dispatcher/fleet_intervals.py).
 CLIENT_HEARTBEAT_INTERVAL_S = 1.0
+#: The longest interval a reader accepts from a dispatcher (a quarter of the default client_timeout_ms).
+MAX_CLIENT_HEARTBEAT_INTERVAL_S = 15.0
 #: Heartbeats a client sends at most, when split ends make it report early.
 MAX_HEARTBEATS_PER_S = 50
 #: How long a worker may stay unreachable before the reader warns (once per task).
@@ -194,6 +197,7 @@ class IterationReader:
         self._joined_existing = response.existing
         # The iteration's secret: each GetElements carries the task's key derived from it.
         self._read_key = response.read_key
+        self._known_tasks = KnownTasks()  # heartbeats leave out a task list that did not change
         self._received_any = False
         self._credits = _Credits(max_outstanding_requests)
         # Whatever the fetchers can have buffered, plus one response in flight each.
@@ -503,7 +507,7 @@ class IterationReader:
             progress, stopped = self._progress_report()
             try:
                 response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key,
-                                                             stats=self._stats_report())
+                                                             stats=self._stats_report(), tasks=self._known_tasks)
             except errors.DataServiceError as exc:
                 if not self._stop.is_set():
                     self._out.put(exc)
@@ -563,7 +567,7 @@ class IterationReader:
     def _heartbeat_interval(self, response: dispatcher_pb2.ClientHeartbeatResponse, interval: float) -> float:
         """The wait before the next heartbeat, after one that waited ``interval``: the dispatcher's
         interval once the reader has tasks; until then a fast poll, slowing down (at most 0.5 s)."""
-        steady = min(CLIENT_HEARTBEAT_INTERVAL_S, (response.heartbeat_interval_ms or 1_000) / 1000)
+        steady = min(MAX_CLIENT_HEARTBEAT_INTERVAL_S, (response.heartbeat_interval_ms or 1_000) / 1000)
         return steady if self._fetchers else min(interval * 2, 0.5, steady)
 
     def _start_fetchers_locked(self, tasks: list) -> None:

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import operator
@@ -192,7 +193,7 @@ class Dataset:
     def num_splits(self) -> int:
         """How many splits one pass of the pipeline reads; ``INFINITE_CARDINALITY`` under repeat()."""
         self._split_source()
-        return self._num_splits()
+        return _split_view(self)._num_splits()
 
     def iterate_splits(self, splits: Iterable[int]) -> Iterator:
         """Runs the whole pipeline over the given split indices, in the order given.
@@ -239,6 +240,10 @@ class Dataset:
 
     # --- iteration ---------------------------------------------------------------
     def _root_iterator(self, split_provider: Optional[Iterator[int]], split_hint: Optional[int] = None) -> Iterator:
+        if split_provider is not None:
+            view = _split_view(self)  # the splits sized from this pipeline's batches
+            if view is not self:
+                return view._root_iterator(split_provider, split_hint)
         ctx = IteratorContext(options=self.options(), split_provider=split_provider, split_hint=split_hint)
         stats = ctx.options.experimental_stats
         if stats.latency_all_edges and stats.aggregator is not None:  # else: not one step more per element
@@ -813,6 +818,7 @@ def _split_groups(dataset: Dataset, registered: Optional[int]) -> SplitGroups:
                                    or registered < INFINITE_CARDINALITY):
         raise ValueError(f"num_groups must be an int >= -1 or None, got {registered!r}")
     n = dataset.num_splits()  # NotSplittableError naming the culprit
+    dataset = _split_view(dataset)
     passes = _pass_splits(dataset)
     if n == 0:
         groups = SplitGroups(0, 1, 1, 0)
@@ -835,6 +841,102 @@ def _split_groups(dataset: Dataset, registered: Optional[int]) -> SplitGroups:
             f"divide its {n} splits ({passes} per pass) into whole groups; was it registered by another "
             "version of dataservice? Register it again with this one.")
     return groups
+
+
+_SPLIT_VIEWS: "weakref.WeakKeyDictionary[Dataset, Optional[Dataset]]" = weakref.WeakKeyDictionary()
+_SPLIT_VIEWS_LOCK = threading.Lock()
+
+
+def _split_view(root: Dataset) -> Dataset:
+    """``root`` with the splits of its range and from_tensor_slices sources sized for it: each holds a
+    whole number of the pipeline's output elements (``split_size_for``'s ``unit``: the product of the
+    batch sizes above the source), so that a group of whole splits ends on a batch's end, and small
+    batched datasets still have a group per batch or so for every worker. What this reads is the
+    pipeline only, never the cluster or the host, so the client that registers a dataset and every
+    worker that runs it derive the same splits. A source pickled before it was sized so keeps its
+    registered size. The sources changed are copies (and the nodes above them): ``root`` itself, and
+    a source shared with another pipeline, stay as they were.
+
+    Example::
+
+        >>> ds = Dataset.range(200).map(lambda x: x * 2).batch(32)
+        >>> ds.num_splits(), len(ds.split_groups().splits(0))
+        (7, 1)
+    """
+    try:
+        with _SPLIT_VIEWS_LOCK:
+            cached = _SPLIT_VIEWS.get(root, _SPLIT_VIEW_UNKNOWN)
+    except TypeError:  # not weakly referable, or unhashable: derived every time
+        cached = _SPLIT_VIEW_UNKNOWN
+    if cached is not _SPLIT_VIEW_UNKNOWN:
+        return root if cached is None else cached
+    view = _sized_for_pipeline(root)
+    try:
+        with _SPLIT_VIEWS_LOCK:
+            _SPLIT_VIEWS[root] = None if view is root else view  # None: no reference back to the key
+    except TypeError:
+        pass
+    return view
+
+
+_SPLIT_VIEW_UNKNOWN = object()
+
+
+def _split_units(root: Dataset) -> dict:
+    """``{id(source): (source, unit)}`` for the pipeline's indexed sources: ``unit`` source elements
+    make one output element (the largest over the paths from the source to ``root``)."""
+    from dataservice.data import cache, experimental, sources, specs
+    from dataservice.data import transformations as t
+
+    passing = (t.MapDataset, t.FilterDataset, t.RepeatDataset, t.TakeDataset, t.SkipDataset, t.TakeWhileDataset,
+               t.EnumerateDataset, t.PrefetchDataset, t.UniqueDataset, t._OptionsDataset, t.ZipDataset,
+               t.ConcatenateDataset, t.ShuffleDataset, cache.CacheDataset, specs.DeclaredSpecDataset,
+               experimental._StatsDataset)
+    units: dict = {}
+    seen: set = set()
+    stack = [(root, 1)]
+    while stack:
+        node, unit = stack.pop()
+        if (id(node), unit) in seen:
+            continue
+        seen.add((id(node), unit))
+        if isinstance(node, (sources.RangeDataset, sources.TensorSlicesDataset)):
+            if unit > units.get(id(node), (node, 0))[1]:
+                units[id(node)] = (node, unit)
+            continue
+        if isinstance(node, t.BatchDataset):  # and padded_batch
+            below = unit * node._batch_size
+        elif isinstance(node, t.ShardDataset) and node._num_shards > 0:
+            below = unit * node._num_shards
+        elif isinstance(node, passing):
+            below = unit
+        else:  # interleave, unbatch, window, ...: its output elements are not a count of its input's
+            below = 1
+        stack.extend((child, below) for child in node._inputs())
+    return units
+
+
+def _sized_for_pipeline(root: Dataset) -> Dataset:
+    from dataservice.data import sources
+    from dataservice.data.static_sharding import _rewrite
+
+    sizes = {}
+    for key, (source, unit) in _split_units(root).items():
+        if getattr(source, "_split_by_pipeline", False):
+            size = sources.split_size_for(source.cardinality(), unit)
+            if size != source._split_size:
+                sizes[key] = size
+    if not sizes:
+        return root
+
+    def change(node: Dataset) -> Optional[Dataset]:
+        if id(node) not in sizes:
+            return None
+        new = copy.copy(node)
+        new._split_size = sizes[id(node)]
+        return new
+
+    return _rewrite(root, change)
 
 
 def _pass_splits(dataset: Dataset) -> int:

@@ -10,7 +10,11 @@ Example::
 
     >>> src = Dataset.range(10000)
     >>> src.num_source_splits(), list(src.read_split(0))[:3]
-    (64, [0, 1, 2])
+    (40, [0, 1, 2])
+
+A pipeline sizes the splits of its range and from_tensor_slices sources from its downstream batches
+(``split_size_for``'s ``unit``) when it runs over splits: ``Dataset.range(200).batch(32)`` has 7
+splits of 32 elements, so that two workers share its groups.
 """
 
 from __future__ import annotations
@@ -30,27 +34,43 @@ from dataservice.data.checkpoint import ChunkIterator, NodeIterator, field
 from dataservice.data.dataset import Dataset, IteratorContext
 
 __all__ = ["SplittableSource", "RangeDataset", "TensorSlicesDataset", "TensorsDataset", "GeneratorDataset",
-           "ListFilesDataset", "FileListSource", "split_size_for", "MAX_SPLIT_ELEMENTS"]
+           "ListFilesDataset", "FileListSource", "split_size_for", "MAX_SPLIT_ELEMENTS",
+           "MIN_SPLIT_ELEMENTS", "MIN_BATCHED_SPLIT_ELEMENTS", "TARGET_SPLITS"]
 
-#: Largest number of elements in one split of an indexed source.
+#: Largest number of elements in one split of an indexed source (unless one downstream batch is larger).
 MAX_SPLIT_ELEMENTS = 4096
-#: Smallest split of an indexed source (a smaller source is one split).
+#: Smallest split of an indexed source read unbatched (a smaller source is one split): its elements
+#: are usually cheap, and every grouping (so every saved read position) of such pipelines stays as it was.
 MIN_SPLIT_ELEMENTS = 256
-#: An indexed source aims at about this many splits, for balance across workers.
+#: Smallest split of a source whose pipeline batches: a split is a whole number of batches (at least one),
+#: so a small dataset of costly elements, as images are, still has a split per worker or more.
+MIN_BATCHED_SPLIT_ELEMENTS = 16
+#: An indexed source aims at about this many splits, so that distributed_epoch has work for a cluster's
+#: workers. A constant, not the cluster's size: a registered dataset's grouping (and so a saved read
+#: position, which names groups) must not depend on how many workers read it, nor on the host.
 TARGET_SPLITS = 64
 
 
-def split_size_for(num_elements: int) -> int:
+def split_size_for(num_elements: int, unit: int = 1) -> int:
     """Elements per split for an indexed source of ``num_elements``: coarse, but balanced.
 
-    A power of two between ``MIN_SPLIT_ELEMENTS`` and ``MAX_SPLIT_ELEMENTS``: the
-    service runs a pipeline over groups of whole splits in distributed_epoch, so a
-    ``batch(n)`` with n a power of two up to 256 never leaves a partial batch at a
-    group's end.
+    ``unit`` is how many source elements one element of the pipeline's output takes (the product of
+    the batch sizes downstream, see ``Dataset.split_groups``): a split is ``unit`` times a power of
+    two, so that a group of whole splits never ends in a partial batch. It aims at ``TARGET_SPLITS``
+    splits, within ``MIN_SPLIT_ELEMENTS`` (``MIN_BATCHED_SPLIT_ELEMENTS`` under a batch) and
+    ``MAX_SPLIT_ELEMENTS`` (or one unit, when that is larger).
+
+    Example::
+
+        >>> split_size_for(200), split_size_for(200, unit=32), split_size_for(10**6, unit=32)
+        (256, 32, 4096)
     """
-    want = math.ceil(num_elements / TARGET_SPLITS)
-    size = MIN_SPLIT_ELEMENTS
-    while size < want and size < MAX_SPLIT_ELEMENTS:
+    if not isinstance(unit, int) or isinstance(unit, bool) or unit < 1:
+        raise ValueError(f"unit must be an int >= 1, got {unit!r}")
+    floor = MIN_SPLIT_ELEMENTS if unit == 1 else MIN_BATCHED_SPLIT_ELEMENTS
+    want = max(math.ceil(num_elements / TARGET_SPLITS), floor)
+    size = unit
+    while size < want and size * 2 <= max(MAX_SPLIT_ELEMENTS, unit):
         size *= 2
     return size
 
@@ -222,6 +242,9 @@ class RangeDataset(SplittableSource):
         self._range = r
         self._dtype = np.dtype(np.int64) if output_type is None else _range_dtype(output_type)
         self._split_size = split_size_for(len(r))
+        # Sized again from the pipeline's batches when it runs over splits (dataset._split_view). A
+        # source pickled before this attribute existed keeps the size it was registered with.
+        self._split_by_pipeline = True
 
     def _values(self, start: int, stop: int, step: int) -> np.ndarray:
         # Computed as int64 and cast, as tf.data does: a narrower dtype wraps (int8: 250 is -6).
@@ -290,6 +313,7 @@ class TensorSlicesDataset(SplittableSource):
             self._leaves = [leaf]
             self._length = len(leaf)
         self._split_size = split_size_for(self._length)
+        self._split_by_pipeline = True  # as RangeDataset's
 
     def cardinality(self) -> int:
         return self._length

@@ -32,11 +32,14 @@ from typing import Callable, Iterable, Optional, Protocol
 from dataservice import errors
 from dataservice.data.dataset import INFINITE_CARDINALITY
 from dataservice.data.serialization import registered_cardinality
-from dataservice.dispatcher import request_checks, saves, scaling, static_workers
+from dataservice.dispatcher import fleet_intervals, request_checks, saves, scaling, static_workers
 from dataservice.dispatcher.client_stats import ClientStats, LoadReports, WorkerRecommendation
 from dataservice.dispatcher.coordinated_rounds import RoundCoordinator, rotation_of
+from dataservice.dispatcher.long_polls import ALL, Wakeups
 from dataservice.dispatcher.rpc_stats import RpcStats
 from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey, resume_digest
+from dataservice.dispatcher.task_lists import ReaderTaskLists
+from dataservice.dispatcher.task_views import TaskViews
 from dataservice.service.auth import task_read_key
 from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.addresses import parse_address
@@ -58,6 +61,9 @@ class StateStore(Protocol):
 
     def wait_durable(self) -> None: ...
 
+    def durability(self) -> Optional[Callable[[], None]]:
+        """``wait_durable`` cut in two: None if this thread's commits are durable, else the wait."""
+
     def bind_lock(self, lock: threading.Condition) -> None:
         """The core's lock, which commits arrive holding; a store that replaces ``state``
         outside a commit (a journal rollback) takes it and notifies its waiters."""
@@ -73,6 +79,9 @@ class MemoryStore:
         self.state.apply(update)
 
     def wait_durable(self) -> None:
+        return None
+
+    def durability(self) -> None:
         return None
 
     def bind_lock(self, lock: threading.Condition) -> None:
@@ -91,9 +100,10 @@ READ_KEY_BYTES = 32
 SPLIT_WAIT_S = 1.0
 #: The longest a worker or client silent past its timeout goes unnoticed (see liveness_interval_s).
 LIVENESS_TICK_S = 1.0
-#: Long polls (WorkerHeartbeat, GetSplit) that may wait at once. The server has 32 RPC threads:
-#: beyond this many, a long poll is answered at once, so waiting calls can never hold every
-#: thread and starve the calls a read needs (a worker answered early waits on its own side).
+#: Long polls (WorkerHeartbeat, GetSplit) that may wait at once *inside the core*, for a caller that
+#: drives the core from its own threads: beyond this many, a long poll is answered at once, so waiting
+#: calls never hold every thread. The gRPC server does not wait here: it asks the core to answer at
+#: once and waits on ``wakeups`` (grpc_service.py), holding no thread, however many workers wait.
 LONG_POLL_SLOTS = 12
 #: New tasks one WorkerHeartbeat answer carries at most; the answer says there are more, and the
 #: worker asks again at once. Keeps the reply small however many iterations are created at once.
@@ -122,6 +132,23 @@ def _shown_read_options(job) -> str:
     num_consumers, cache, target, deterministic, num_readers = _read_options(job)
     return f"num_consumers={num_consumers or None}, cross_trainer_cache={'on' if cache else 'off'}, " \
            f"target_workers={target!r}, deterministic={deterministic}, num_readers={num_readers or None}"
+
+
+def heartbeat_wait_s(req: dispatcher_pb2.WorkerHeartbeatRequest, config: DispatcherConfig, workers: int = 0) -> float:
+    """How long a worker's heartbeat may wait for news: what it asked (0: not at all), stretched for a
+    large fleet of ``workers`` (``fleet_intervals``), and answered well before the worker could look lost
+    (half of ``worker_timeout_ms``) however long it asked to wait."""
+    if req.wait_ms <= 0:
+        return 0.0
+    return fleet_intervals.worker_poll_s(req.wait_ms / 1000, workers, config.worker_timeout_ms)
+
+
+def heartbeat_has_news(req: dispatcher_pb2.WorkerHeartbeatRequest,
+                       response: dispatcher_pb2.WorkerHeartbeatResponse) -> bool:
+    """Whether a heartbeat's answer tells the worker something: its long poll ends."""
+    if response.new_tasks or response.tasks_to_delete or response.resync_tasks:
+        return True
+    return bool({d.save_id for d in response.saves} - set(req.current_saves))
 
 
 class DispatcherCore:
@@ -153,6 +180,10 @@ class DispatcherCore:
         self._awaiting_stop: dict[int, set] = {}
         self._iteration_idle_since: dict[int, float] = {}
         self._long_polls = 0
+        #: Which long polls a committed change concerns (``long_polls``): the asyncio server waits on them.
+        self.wakeups = Wakeups()
+        #: What readers' heartbeats need of their iterations' task lists: only what changed (soft state).
+        self._task_lists = ReaderTaskLists()
         # Recently pruned jobs' keys, for the error a late client gets (volatile, bounded).
         self._pruned_jobs: dict[int, JobKey] = {}
         # Finished named jobs still in the state, oldest first (volatile: rebuilt from the state).
@@ -171,6 +202,10 @@ class DispatcherCore:
         self._scaling_state = scaling.ScalingState()
         #: Coordinated reads: readers' rounds and workers joining a rotation (soft state).
         self._rounds = RoundCoordinator(clock)
+        #: WorkerHeartbeat task deltas: each worker's tasks as last reported, and what changed since (soft state).
+        self._task_views = TaskViews()
+        #: WorkerHeartbeats by kind: "full" (current_tasks), "delta" (applied), "resync" (a delta refused).
+        self.heartbeat_counts: collections.Counter = collections.Counter()
 
     # --- recording changes ------------------------------------------------------
     @property
@@ -180,8 +215,57 @@ class DispatcherCore:
     def _commit(self, update: state_pb2.Update) -> None:
         # The store applies the update (journaling it first in fault-tolerant mode);
         # if it raises, the state is unchanged and the RPC fails.
-        self.store.commit(update)
+        self._task_views.note_update(self.state, update, self._worker_lost)
+        keys = self._wake_keys(update)  # before: a released client or pruned iteration is gone after
+        self._task_lists.note(self.state, update)
+        try:
+            self.store.commit(update)
+        except BaseException:
+            self.wakeups.notify((ALL,))  # a failed write may have rolled the state back: every poll re-reads it
+            raise
         self._cond.notify_all()
+        self.wakeups.notify(keys)
+        kind = update.WhichOneof("kind")
+        if kind == "prune_iteration":
+            self.wakeups.forget(("iteration", update.prune_iteration.iteration_id))
+        elif kind == "prune_worker":
+            self.wakeups.forget(("worker", update.prune_worker.worker_address))
+
+    def _wake_keys(self, update: state_pb2.Update) -> list:
+        """The long polls ``update`` may have news for: the workers whose tasks it changes (a
+        heartbeat waits for those), the iteration whose splits it may free (GetSplit waits for those)."""
+        kind = update.WhichOneof("kind")
+        change = getattr(update, kind)
+        state = self.state
+        if kind in ("create_save", "finish_save", "release_save_leases"):
+            return [ALL]  # a save is news to every worker (rare)
+        if kind in ("register_worker", "prune_worker", "bind_static_worker"):
+            return [("worker", change.worker_address)]
+        if kind == "assign_split":
+            return []  # a split leased frees nothing
+        iteration_id = getattr(change, "iteration_id", None) if kind != "create_task" else None
+        keys = []
+        if kind in ("create_task", "finish_task", "revoke_task"):
+            task = state.tasks.get(change.task_id)
+            address = change.worker_address if kind == "create_task" else getattr(task, "worker_address", None)
+            if address:
+                keys.append(("worker", address))
+            iteration_id = change.iteration_id if kind == "create_task" else getattr(task, "iteration_id", None)
+        elif kind == "release_iteration_client":
+            client = state.clients.get(change.client_id)
+            iteration_id = getattr(client, "iteration_id", None)
+        if iteration_id is None:
+            return keys
+        keys.append(("iteration", iteration_id))
+        if kind in ("finish_iteration", "release_iteration_client", "prune_iteration", "acquire_iteration_client"):
+            # Whether a finished iteration's tasks are dropped depends on its readers; an unfinished one's
+            # readers coming and going is no news to its workers (a reader per worker per join would be
+            # O(workers x readers)).
+            iteration = state.iterations.get(iteration_id)
+            if iteration is not None and (iteration.finished or kind in ("finish_iteration", "prune_iteration")):
+                keys.extend({("worker", state.tasks[t].worker_address) for t in iteration.tasks
+                             if t in state.tasks})
+        return keys
 
     def wait_durable(self) -> None:
         """Returns once everything this core has committed is durable (fault-tolerant mode).
@@ -190,6 +274,11 @@ class DispatcherCore:
         RPCs share one fsync and no answer reveals a state that a crash could lose.
         """
         self.store.wait_durable()
+
+    def durability(self) -> Optional[Callable[[], None]]:
+        """``wait_durable`` cut in two, for the asyncio server: None if what this thread committed (or could
+        have read) is durable already, else the blocking wait, which may then run on another thread."""
+        return self.store.durability()
 
     def _event(self, kind: str, **fields) -> None:
         self.events.append((kind, fields))
@@ -351,7 +440,7 @@ class DispatcherCore:
     def _live(self, client_ids) -> bool:
         """Whether any of these clients was heard from within a few heartbeat intervals (a killed trainer's
         were not, long before client_timeout_ms releases them)."""
-        recent = self._clock() - 3 * self._client_heartbeat_s()
+        recent = self._clock() - 3 * self._reader_heartbeat_s()
         return any(self._client_seen.get(c, -math.inf) >= recent for c in client_ids)
 
     def _abandoned(self, job) -> bool:
@@ -466,8 +555,10 @@ class DispatcherCore:
             if job.num_consumers:
                 self._rounds.joined(client_id, req.request_token)
             self._iteration_idle_since.pop(iteration.iteration_id, None)
-            if not iteration.finished:
-                # Tasks exist only while an iteration has readers (see _assign_tasks).
+            if not iteration.finished and len(iteration.clients) == 1:
+                # Tasks exist only while an iteration has readers (see _assign_tasks): its first reader (of a new
+                # iteration, or one left unread) has them made. A later reader finds them made, and worker
+                # heartbeats keep them: walking every worker for every reader would cost O(workers x readers).
                 for address in list(self.state.workers):
                     if not self._worker_lost(address):
                         self._assign_tasks(address, only=iteration)
@@ -558,6 +649,9 @@ class DispatcherCore:
                                       **_worker_fields(self.state.workers[task.worker_address]),
                                       **static_workers.task_fields(self.config, job, task))
 
+    def _reader_task_def(self, task_id: int) -> dispatcher_pb2.TaskDef:
+        return self._task_def(task_id, for_worker=False)
+
     # --- revocation -------------------------------------------------------------------
     def _revoke_task(self, task_id: int, why: str) -> None:
         task = self.state.tasks[task_id]
@@ -622,19 +716,35 @@ class DispatcherCore:
                     waiting.discard(req.client_id)
             if req.stopped_tasks:
                 self._cond.notify_all()  # a split may be free for reassignment now
+                self.wakeups.notify([("iteration", iteration.iteration_id)])
             coordinated = bool(self.state.jobs[iteration.job_id].num_consumers)
             if coordinated:
                 self._coordinate(iteration, req)
-            tasks = [self.state.tasks[t] for t in iteration.tasks]
             response = dispatcher_pb2.ClientHeartbeatResponse(
-                tasks=[self._task_def(t.task_id, for_worker=False) for t in tasks if not t.revoked],
-                revoked_tasks=[t.task_id for t in tasks if t.revoked],
+                tasks_version=self._task_lists.version(iteration.iteration_id),
                 iteration_finished=iteration.finished, dispatcher_incarnation=self.incarnation,
-                heartbeat_interval_ms=int(self._client_heartbeat_s() * 1000),
+                # A coordinated read's rounds are timed by the unstretched interval (coordinated_rounds).
+                heartbeat_interval_ms=int((self._client_heartbeat_s() if coordinated else self._reader_heartbeat_s())
+                                          * 1000),
                 more_tasks_expected=self._more_tasks_expected(iteration),
                 waiting_for_workers=static_workers.waiting_for(self.state, self.config, iteration,
                                                                self._worker_lost),
                 read_error=self._read_errors.get(iteration.job_id, ""))
+            # Thousands of TaskDefs a steady read need not get again: nothing if its list is current, what
+            # changed if it is a little behind (task_lists.py), the whole list otherwise.
+            unchanged = req.known_tasks_version == response.tasks_version
+            changed = None if unchanged or not req.known_tasks_version else \
+                self._task_lists.changed_since(iteration.iteration_id, req.known_tasks_version)
+            whole = coordinated or (not unchanged and changed is None)
+            tasks = [self.state.tasks[t] for t in iteration.tasks] if whole else []
+            if unchanged:
+                response.tasks_unchanged = True
+            else:
+                response.tasks_changed_only = changed is not None
+                listed = [self.state.tasks[t] for t in changed] if changed is not None else tasks
+                response.tasks.extend(self._task_lists.task_def(t.task_id, self._reader_task_def)
+                                      for t in listed if not t.revoked)
+                response.revoked_tasks.extend(t.task_id for t in listed if t.revoked)
             if coordinated:
                 response.block_round = self._rounds.block_round(iteration.iteration_id)
                 response.rotation.extend(dispatcher_pb2.RotationSlot(task_id=t, starting_round=s)
@@ -676,8 +786,13 @@ class DispatcherCore:
                                                    ranges=ranges, total=p.total))
         return out
 
+    def _reader_heartbeat_s(self) -> float:
+        """How often readers heartbeat: every second, stretched for thousands of readers (``fleet_intervals``)."""
+        return fleet_intervals.client_heartbeat_s(len(self.state.clients), self.config.client_timeout_ms)
+
     def _client_heartbeat_s(self) -> float:
-        """How often readers heartbeat: well within client_timeout_ms."""
+        """The unstretched reader interval, well within client_timeout_ms: coordinated reads time their
+        rounds' joins by it (a coordinated read's readers are a handful)."""
         return max(10, min(1_000, self.config.client_timeout_ms // 4)) / 1000
 
     def _coordinate(self, iteration, req: dispatcher_pb2.ClientHeartbeatRequest) -> None:
@@ -791,8 +906,7 @@ class DispatcherCore:
             _check_worker_address(req.data_address, "data_address")
         _check_worker_labels(req)
         # Answer well before the worker could look lost (worker_timeout_ms), however long it asked to wait.
-        wait_ms = max(0, min(req.wait_ms, 60_000, self.config.worker_timeout_ms // 2))
-        deadline = time.monotonic() + wait_ms / 1000
+        deadline = time.monotonic() + heartbeat_wait_s(req, self.config)
         with self._cond:
             state = self.state
             try:
@@ -800,20 +914,42 @@ class DispatcherCore:
             except errors.PermissionDeniedError:
                 self._event("refuse_worker", worker=req.worker_address)
                 raise
+            self._task_views.check_state(state)
+            if req.tasks_delta and not self._task_views.applies(req.worker_address, req.worker_uid, req.base_seq):
+                return self._resync_tasks(req)
             self._record_worker(req)  # assigns the worker its tasks
             with self._long_poll() as may_wait:
                 while True:
-                    response = self._worker_news(req.worker_address, req.current_tasks)
+                    response = self._heartbeat_news(req)
                     response.saves.extend(self._save_defs())
-                    new_save = {d.save_id for d in response.saves} - set(req.current_saves)
                     remaining = deadline - time.monotonic()
-                    if response.new_tasks or response.tasks_to_delete or new_save or remaining <= 0 \
-                            or not may_wait:
+                    if heartbeat_has_news(req, response) or remaining <= 0 or not may_wait:
                         return response
                     # Long poll: a task created for this worker wakes us at once.
                     self._wait(state, remaining)
                     self._worker_seen[req.worker_address] = self._clock()
-                    self._assign_tasks(req.worker_address)
+                    self._assign_after_wakeup(req)
+
+    def _assign_after_wakeup(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> None:
+        # A worker sending deltas is walked only when not settled: O(its tasks) on every wakeup otherwise.
+        if req.tasks_delta:
+            self._assign_unless_settled(req.worker_address)
+        else:
+            self._assign_tasks(req.worker_address)
+
+    def worker_heartbeat_again(self, req: dispatcher_pb2.WorkerHeartbeatRequest
+                               ) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """A heartbeat that ``worker_heartbeat`` answered without news, asked again after a wakeup
+        by the asyncio server, which waits between the two (``grpc_service``): what the worker
+        reported is not applied twice; the worker is seen, given its tasks, and told the news."""
+        with self._cond:
+            if req.worker_address not in self.state.workers:  # rolled back, or pruned meanwhile
+                return self.worker_heartbeat(req)
+            self._worker_seen[req.worker_address] = self._clock()
+            self._assign_after_wakeup(req)
+            response = self._heartbeat_news(req)
+            response.saves.extend(self._save_defs())
+            return response
 
     @contextlib.contextmanager
     def _long_poll(self):
@@ -862,7 +998,16 @@ class DispatcherCore:
                     task = self.state.tasks[task_id]
                     if not task.revoked and not self.state.iterations[task.iteration_id].finished:
                         self._revoke_task(task_id, "the worker restarted")
-        self._assign_tasks(address)
+        if req.tasks_delta:
+            self._apply_task_delta(req)
+            self._assign_unless_settled(address)
+        else:
+            if req.heartbeat_seq:
+                self._task_views.reset(address, req.worker_uid, req.heartbeat_seq, req.current_tasks)
+            else:
+                self._task_views.forget(address)  # an old worker: no deltas to expect from it
+            self.heartbeat_counts["full"] += 1
+            self._assign_tasks(address)
         for task_id in req.finished_tasks:
             task = self.state.tasks.get(task_id)
             if task is not None and task.worker_address == address and not task.finished:
@@ -925,39 +1070,142 @@ class DispatcherCore:
         num_splits = self.state.datasets[job.dataset_id].num_splits
         return num_splits >= 0 and len(iteration.done) >= num_splits
 
-    def _worker_news(self, address: str, current: Iterable[int]) -> dispatcher_pb2.WorkerHeartbeatResponse:
+    def _worker_news(self, address: str, current: Iterable[int], view=None) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """What a full-list heartbeat tells the worker: a walk over all its tasks. With ``view`` (the
+        worker's TaskView: it sends deltas next), what may still be news next time is left in ``view.dirty``."""
         current = set(current)
         worker = self.state.workers[address]
         new_tasks = []
-        for task_id in sorted(worker.tasks - current):
-            task = self.state.tasks[task_id]
-            iteration = self.state.iterations[task.iteration_id]
-            # A task of an iteration that finished before its worker heard of it still goes out while
-            # the iteration has readers: they know the task and ask its worker for it, and it answers
-            # end of input (GetSplit says end_of_splits) instead of "not running" forever.
-            if not task.finished and not (iteration.finished and not iteration.clients):
+        missing = worker.tasks - current
+        for task_id in sorted(missing):
+            if self._task_to_start(task_id):
                 new_tasks.append(self._task_def(task_id))
                 if len(new_tasks) >= MAX_NEW_TASKS_PER_HEARTBEAT:
                     break  # the worker asks again at once for the rest
-        to_delete = []
-        for task_id in sorted(current):
-            task = self.state.tasks.get(task_id)
-            if task is None or task.worker_address != address:
-                to_delete.append(task_id)
-                continue
-            iteration = self.state.iterations[task.iteration_id]
-            if task.revoked or iteration.state is IterationState.GARBAGE_COLLECTED or (
-                    iteration.finished and not iteration.clients):
-                to_delete.append(task_id)
+        to_delete = [task_id for task_id in sorted(current) if self._task_to_drop(task_id, address)]
+        if view is not None:
+            # Sent news stays dirty until the worker's delta confirms it (it may fail to start a task).
+            view.dirty = missing
+            view.dirty.update(to_delete)
         return dispatcher_pb2.WorkerHeartbeatResponse(new_tasks=new_tasks, tasks_to_delete=to_delete,
                                                       dispatcher_incarnation=self.incarnation)
 
+    def _task_to_start(self, task_id: int) -> bool:
+        """A task of the worker's that it does not run is sent to it (WorkerHeartbeatResponse.new_tasks)."""
+        task = self.state.tasks[task_id]
+        iteration = self.state.iterations[task.iteration_id]
+        # A task of an iteration that finished before its worker heard of it still goes out while
+        # the iteration has readers: they know the task and ask its worker for it, and it answers
+        # end of input (GetSplit says end_of_splits) instead of "not running" forever.
+        return not task.finished and not (iteration.finished and not iteration.clients)
+
+    def _task_to_drop(self, task_id: int, address: str) -> bool:
+        """A task the worker at ``address`` runs is to be deleted (WorkerHeartbeatResponse.tasks_to_delete)."""
+        task = self.state.tasks.get(task_id)
+        if task is None or task.worker_address != address:
+            return True
+        iteration = self.state.iterations[task.iteration_id]
+        return task.revoked or iteration.state is IterationState.GARBAGE_COLLECTED or (
+            iteration.finished and not iteration.clients)
+
+    # --- task deltas (WorkerHeartbeatRequest.tasks_delta; the bookkeeping is task_views.TaskViews) -------------
+    def _heartbeat_news(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """The answer to a heartbeat (the core holds its lock): from a walk over its full list, or from a
+        delta's changes and the news noted since the worker's last answer.
+
+        Example::
+
+            response = core._heartbeat_news(request)   # new_tasks, tasks_to_delete, dispatcher_incarnation
+        """
+        if req.tasks_delta:
+            self._task_views.check_state(self.state)  # asked again after a wait (worker_heartbeat_again)
+            view = self._task_views.get(req.worker_address)
+            if view is None or view.seq != req.heartbeat_seq or view.uid != req.worker_uid:
+                # A long poll outlived by a newer heartbeat of this address (its caller gave up on it: the view
+                # is that heartbeat's now), or the state rolled back while it waited.
+                return self._resync_tasks(req)
+            return self._delta_news(req.worker_address)
+        view = self._task_views.get(req.worker_address) if req.heartbeat_seq else None
+        if view is not None and (view.seq != req.heartbeat_seq or view.uid != req.worker_uid):
+            view = None  # outlived by a newer heartbeat (see above): its view is not this list's
+        return self._worker_news(req.worker_address, req.current_tasks, view)
+
+    def _apply_task_delta(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> None:
+        """Records a delta that applies (TaskViews.applies): O(its changes)."""
+        view = self._task_views.get(req.worker_address)
+        view.reported.difference_update(req.removed_tasks)
+        view.reported.update(req.added_tasks)
+        # A task the worker started may be stale already, one it dropped may be due again: both are looked at.
+        view.dirty.update(req.added_tasks)
+        view.dirty.update(req.removed_tasks)
+        view.seq = req.heartbeat_seq
+        self.heartbeat_counts["delta"] += 1
+
+    def _delta_news(self, address: str) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """What a delta heartbeat tells the worker: what ``_worker_news`` would over its full list, found by
+        looking only at the tasks whose news may have changed since the last answer (its view's dirty set)."""
+        view = self._task_views.get(address)
+        worker = self.state.workers[address]
+        new_tasks, to_delete, still_dirty = [], [], set()
+        for task_id in sorted(view.dirty):
+            if task_id in view.reported:
+                if self._task_to_drop(task_id, address):
+                    to_delete.append(task_id)
+                    still_dirty.add(task_id)
+            elif task_id in worker.tasks:
+                if len(new_tasks) >= MAX_NEW_TASKS_PER_HEARTBEAT:
+                    still_dirty.add(task_id)  # the worker asks again at once for the rest
+                elif self._task_to_start(task_id):
+                    new_tasks.append(self._task_def(task_id))
+                    still_dirty.add(task_id)
+        # Sent news stays dirty until the worker's next delta confirms it, as a full list would resend it.
+        view.dirty = still_dirty
+        return dispatcher_pb2.WorkerHeartbeatResponse(new_tasks=new_tasks, tasks_to_delete=to_delete,
+                                                      dispatcher_incarnation=self.incarnation)
+
+    def _assign_unless_settled(self, address: str) -> None:
+        """``_assign_tasks(address)``, skipped for a settled worker (one it would give nothing: see
+        task_views.TaskViews.settled); a walk that leaves the worker a live task everywhere settles it."""
+        if self._task_views.is_settled(address):
+            return
+        self._assign_tasks(address)
+        if self._worker_complete(address):
+            self._task_views.settle(address)
+
+    def _worker_complete(self, address: str) -> bool:
+        """The worker has, in every iteration that could give it a task, one that ``_assign_tasks`` counts
+        as its own (a live task; in static sharding, one that has not finished): it would give it nothing."""
+        by_iteration: dict[int, list] = {}
+        for task_id in self.state.workers[address].tasks:
+            task = self.state.tasks[task_id]
+            by_iteration.setdefault(task.iteration_id, []).append(task)
+        for iteration in self.state.active_iterations.values():
+            if not iteration.clients or iteration.finished:
+                continue
+            mine = by_iteration.get(iteration.iteration_id, [])
+            mode = self.state.jobs[iteration.job_id].processing_mode
+            if not any(not t.revoked for t in mine) or (is_static(mode) and all(t.finished for t in mine)):
+                return False
+        return True
+
+    def _resync_tasks(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """A delta that cannot be applied (this dispatcher restarted or rolled back, an answer was lost, the
+        worker restarted): nothing is done but noting the worker alive; its next heartbeat is a full list."""
+        address = req.worker_address
+        if address in self.state.workers:
+            self._worker_seen[address] = self._clock()
+            self._worker_seen_unix[address] = time.time()
+        self.heartbeat_counts["resync"] += 1
+        self._event("resync_tasks", worker=address, base_seq=req.base_seq, heartbeat_seq=req.heartbeat_seq)
+        return dispatcher_pb2.WorkerHeartbeatResponse(resync_tasks=True, dispatcher_incarnation=self.incarnation)
+
     # --- splits -------------------------------------------------------------------
-    def get_split(self, req: dispatcher_pb2.GetSplitRequest) -> dispatcher_pb2.GetSplitResponse:
+    def get_split(self, req: dispatcher_pb2.GetSplitRequest, may_wait: bool = True) -> dispatcher_pb2.GetSplitResponse:
         """Leases a split to a task: a revoked one first (with the offsets clients hold), else
         the next new one. When none is free but leased ones may still come back, the call
-        waits a little (long poll) and then tells the task to ask again."""
-        deadline = time.monotonic() + SPLIT_WAIT_S
+        waits a little (long poll; not with ``may_wait=False``: the asyncio server waits on
+        ``wakeups`` instead) and then tells the task to ask again."""
+        deadline = time.monotonic() + (SPLIT_WAIT_S if may_wait else 0.0)
         with self._cond:
             state = self.state
             iteration = state.iterations.get(req.iteration_id)

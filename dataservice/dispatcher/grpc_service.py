@@ -1,28 +1,31 @@
 """The dispatcher's thin gRPC adapter: each RPC checks its request's bounds
-(``request_checks``), calls the core, and waits until what it changed is durable.
+(``request_checks``), calls the core (on the event loop when the work is short, ``_ON_LOOP``; on the
+server's thread pool otherwise), and waits until what it changed is durable. The two long polls, a
+worker's heartbeat and a task's GetSplit, wait *here*, on the asyncio loop (``long_polls.Wakeups``),
+not in the core: a waiting poll holds no thread, so every worker of a fleet can wait at once.
 
-``rpc.add_service`` does the rest: it parses each request itself (bytes that are not a
-valid request: INVALID_ARGUMENT, never INTERNAL), maps our exceptions to status codes,
-logs refusals and bugs at most once a minute per method and kind, and times every call
-into ``core.rpc_stats`` (what ``GetStatus`` reports as per-RPC latency).
+``aio_rpc.add_aio_service`` does the rest: it parses each request itself (bytes that are not a
+valid request: INVALID_ARGUMENT, never INTERNAL), maps our exceptions to status codes, logs
+refusals and bugs at most once a minute per method and kind, and times every call into
+``core.rpc_stats`` (what ``GetStatus`` reports as per-RPC latency).
 
 Example::
 
-    >>> server, port = create_server("[::]:0")
+    >>> server, port = create_aio_server("[::]:0")
     >>> add_dispatcher_service(server, DispatcherCore(DispatcherConfig()))
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
-import grpc
-
-from dataservice.dispatcher.core import DispatcherCore
+from dataservice.dispatcher.core import SMALL_PROGRESS_RANGES, SPLIT_WAIT_S, DispatcherCore, heartbeat_has_news, \
+    heartbeat_wait_s
 from dataservice.dispatcher.request_checks import check_request
 from dataservice.proto import dispatcher_pb2
-from dataservice.service.rpc import add_service
+from dataservice.service.aio_rpc import AioServer, add_aio_service
 
 __all__ = ["add_dispatcher_service"]
 
@@ -48,19 +51,103 @@ _METHODS = {
 _SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"]
 
 
-def _adapt(core: DispatcherCore, rpc: str, method: str) -> Callable:
+#: Calls whose work runs on the event loop itself: short work under the core's lock, which any
+#: other call would wait for anyway. Handing them to a pool thread would cost a thread switch and a
+#: wakeup of the loop each. The others (status pages, saves' file system work, registering a
+#: pipeline) and a heartbeat carrying many ranges run on the pool; fsyncs are waited for there too.
+_ON_LOOP = frozenset({"GetDatasetId", "GetOrCreateJob", "GetOrCreateIteration", "ClientHeartbeat",
+                      "ReleaseIterationClient", "WorkerHeartbeat", "GetSplit"})
+
+
+def _call(core: DispatcherCore, rpc: str, handler: Callable, request, *args):
+    """One pass of an RPC's work, on a pool thread: bounds, the core, durability."""
+    check_request(rpc, request, core.config)
+    response = handler(request, *args)
+    core.wait_durable()
+    return response
+
+
+def _on_loop(rpc: str, request) -> bool:
+    if rpc != "ClientHeartbeat":
+        return rpc in _ON_LOOP
+    return sum(len(p.ranges) for p in request.progress) <= 2 * SMALL_PROGRESS_RANGES
+
+
+async def _run(server: AioServer, core: DispatcherCore, rpc: str, handler: Callable, request, *args,
+               checked: bool = False):
+    """One pass of an RPC's work: on the loop if it is short (``_ON_LOOP``), else on the pool.
+    ``checked``: the request's bounds were checked already (a long poll's later passes)."""
+    if not _on_loop(rpc, request):
+        return await server.run(_call, core, rpc, handler, request, *args)
+    if not checked:
+        check_request(rpc, request, core.config)
+    response = handler(request, *args)
+    wait = core.durability()  # fault-tolerant mode: what this call committed must be fsynced first
+    if wait is not None:
+        await server.run(wait)
+    return response
+
+
+def _adapt(server: AioServer, core: DispatcherCore, rpc: str, method: str) -> Callable:
     handler = getattr(core, method)
 
-    def call(request):
-        check_request(rpc, request, core.config)
-        response = handler(request)
-        core.wait_durable()
-        return response
+    async def call(request):
+        return await _run(server, core, rpc, handler, request)
 
     call.__name__ = rpc
     return call
 
 
-def add_dispatcher_service(server: grpc.Server, core: DispatcherCore) -> None:
-    add_service(server, _SERVICE, {rpc: _adapt(core, rpc, method) for rpc, method in _METHODS.items()}, log,
-                record=core.rpc_stats.record)
+def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
+    async def call(request: dispatcher_pb2.WorkerHeartbeatRequest):
+        check_request("WorkerHeartbeat", request, core.config)  # the request as sent: its wait_ms too
+        # What it asked, stretched for a large fleet; well before the worker could look lost (worker_timeout_ms).
+        wait_s = heartbeat_wait_s(request, core.config, len(core.state.workers))
+        deadline = time.monotonic() + wait_s
+        key = ("worker", request.worker_address)
+        once = _once(request)
+        handler = core.worker_heartbeat
+        while True:
+            since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once
+            response = await _run(server, core, "WorkerHeartbeat", handler, once, checked=True)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or heartbeat_has_news(request, response):
+                response.poll_wait_ms = int(wait_s * 1000)
+                return response
+            await core.wakeups.wait(key, since, remaining)
+            handler = core.worker_heartbeat_again
+
+    return call
+
+
+def _once(request: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatRequest:
+    """The heartbeat as the core sees it: answered at once (the adapter does the waiting)."""
+    copy = dispatcher_pb2.WorkerHeartbeatRequest()
+    copy.CopyFrom(request)
+    copy.wait_ms = 0
+    return copy
+
+
+def _get_split(server: AioServer, core: DispatcherCore) -> Callable:
+    async def call(request: dispatcher_pb2.GetSplitRequest):
+        deadline = time.monotonic() + SPLIT_WAIT_S
+        key = ("iteration", request.iteration_id)
+        passes = 0
+        while True:
+            since = core.wakeups.generation(key)
+            response = await _run(server, core, "GetSplit", core.get_split, request, False, checked=passes > 0)
+            passes += 1
+            remaining = deadline - time.monotonic()
+            if not response.wait or remaining <= 0:
+                return response
+            # No split free now, but leased ones may come back: wait for a change to the iteration.
+            await core.wakeups.wait(key, since, remaining)
+
+    return call
+
+
+def add_dispatcher_service(server: AioServer, core: DispatcherCore) -> None:
+    implementations = {rpc: _adapt(server, core, rpc, method) for rpc, method in _METHODS.items()}
+    implementations["WorkerHeartbeat"] = _worker_heartbeat(server, core)
+    implementations["GetSplit"] = _get_split(server, core)
+    add_aio_service(server, _SERVICE, implementations, log, record=core.rpc_stats.record)

@@ -966,6 +966,11 @@ class Journal:
         with self._cond:
             return self._durable_offset
 
+    def is_durable(self, seq: int) -> bool:
+        """Whether every record up to ``seq`` is fsynced already (no wait)."""
+        with self._cond:
+            return self._durable_seq >= seq and self._failed is None
+
     def wait_durable(self, seq: int, timeout_s: float = 30.0) -> None:
         """Blocks until every record up to ``seq`` is fsynced; JournalError if writing failed."""
         with self._cond:

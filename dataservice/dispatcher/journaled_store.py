@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from dataservice.dispatcher.core import first_id_now
 from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, Journal, JournalError, Replay
@@ -126,6 +126,14 @@ class JournaledStore:
         Called outside the core's lock, so concurrent RPCs share one fsync.
         JournalError if the write failed; the state is then rolled back.
         """
+        wait = self.durability()
+        if wait is not None:
+            wait()
+
+    def durability(self) -> Optional[Callable[[], None]]:
+        """``wait_durable`` cut in two: takes what this thread committed (or could have read) now,
+        and returns None if that is durable already, else the blocking wait, to be run on any thread
+        (the asyncio server runs the calls on its loop and waits for fsyncs on its pool)."""
         journal = getattr(self._pending, "journal", None)
         seq = getattr(self._pending, "seq", None)
         self._pending.__dict__.clear()
@@ -134,17 +142,23 @@ class JournaledStore:
             journal = self.journal
             if journal is None:
                 if self._broken is not None and not self._state_ahead:
-                    return  # rolled back to the durable state, which reads may see
+                    return None  # rolled back to the durable state, which reads may see
                 raise JournalError(f"the dispatcher's journal in {self.work_dir!r} is not open: "
                                    f"{self._broken or 'closed'}")
             seq = journal.last_seq
-        try:
-            journal.wait_durable(seq)
-        except JournalError as exc:
-            if not journal.failed:
-                raise  # slow, not failed: the update may still become durable
-            with self._lock:
-                raise self._roll_back(journal, exc) from exc
+        if journal.is_durable(seq):
+            return None
+
+        def wait() -> None:
+            try:
+                journal.wait_durable(seq)
+            except JournalError as exc:
+                if not journal.failed:
+                    raise  # slow, not failed: the update may still become durable
+                with self._lock:
+                    raise self._roll_back(journal, exc) from exc
+
+        return wait
 
     # --- failures ------------------------------------------------------------------------------
     def _roll_back(self, failed: Journal, cause: BaseException) -> JournalError:

@@ -288,6 +288,7 @@ def _worker_heartbeat(req: dispatcher_pb2.WorkerHeartbeatRequest, config: Dispat
                                          f"{MAX_WORKER_UID_CHARS}")
     _task_ids(rpc, "current_tasks", req.current_tasks)
     _task_ids(rpc, "finished_tasks", req.finished_tasks)
+    _task_deltas(rpc, req)
     _in_range(rpc, "wait_ms", req.wait_ms, 0, MAX_WAIT_MS)
     if len(req.current_saves) > MAX_TASK_IDS:
         raise errors.InvalidRequestError(f"{rpc}: current_saves has {len(req.current_saves):,} ids, more than "
@@ -297,6 +298,36 @@ def _worker_heartbeat(req: dispatcher_pb2.WorkerHeartbeatRequest, config: Dispat
         _micros(rpc, "load.busy_us", req.load.busy_us)
         _micros(rpc, "load.blocked_us", req.load.blocked_us)
         _in_range(rpc, "load.running_tasks", req.load.running_tasks, 0, MAX_TASK_IDS)
+
+
+def _task_deltas(rpc: str, req: dispatcher_pb2.WorkerHeartbeatRequest) -> None:
+    """The task-delta fields (WorkerHeartbeatRequest.tasks_delta in dispatcher.proto): a delta carries no
+    current_tasks and names the answered heartbeat it is relative to; a full list carries no added or
+    removed tasks.
+
+    >>> _task_deltas("WorkerHeartbeat", dispatcher_pb2.WorkerHeartbeatRequest(
+    ...     tasks_delta=True, heartbeat_seq=3, base_seq=2, added_tasks=[7]))
+    """
+    _at_least(rpc, "heartbeat_seq", req.heartbeat_seq, 0, "(0: a worker that sends no deltas)")
+    _at_least(rpc, "base_seq", req.base_seq, 0, "(0: no answered heartbeat yet)")
+    _task_ids(rpc, "added_tasks", req.added_tasks)
+    _task_ids(rpc, "removed_tasks", req.removed_tasks)
+    if req.tasks_delta:
+        if req.current_tasks:
+            raise errors.InvalidRequestError(f"{rpc}: a delta (tasks_delta) carries no current_tasks, got "
+                                             f"{len(req.current_tasks):,}")
+        if not 1 <= req.base_seq < req.heartbeat_seq:
+            raise errors.InvalidRequestError(f"{rpc}: a delta needs 1 <= base_seq < heartbeat_seq, got base_seq "
+                                             f"{req.base_seq} and heartbeat_seq {req.heartbeat_seq}")
+        both = set(req.added_tasks).intersection(req.removed_tasks)
+        if both:
+            raise errors.InvalidRequestError(f"{rpc}: task {min(both)} is both in added_tasks and removed_tasks")
+    elif req.added_tasks or req.removed_tasks:
+        raise errors.InvalidRequestError(f"{rpc}: added_tasks and removed_tasks come only with tasks_delta "
+                                         f"(a full list is current_tasks)")
+    elif req.base_seq and req.base_seq >= req.heartbeat_seq:
+        raise errors.InvalidRequestError(f"{rpc}: base_seq {req.base_seq} is not below heartbeat_seq "
+                                         f"{req.heartbeat_seq}")
 
 
 def _get_split(req: dispatcher_pb2.GetSplitRequest, config: DispatcherConfig) -> None:

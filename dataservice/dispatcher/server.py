@@ -31,7 +31,7 @@ from dataservice.service.auth import ClusterAuth, warn_if_exposed
 from dataservice.service.config import bind_address
 from dataservice.service.http_status import HttpStatusServer
 from dataservice.service.listening import log_listening, note_loopback_only, tls_note
-from dataservice.service.rpc import create_server
+from dataservice.service.aio_rpc import create_aio_server
 from prometheus_client import CollectorRegistry
 
 __all__ = ["DispatchServer"]
@@ -92,7 +92,7 @@ class DispatchServer:
         store = self._open_store() if self._config.fault_tolerant_mode else None
         try:
             core = DispatcherCore(self._config, store=store)
-            server, port = create_server(bind_address(self._config.host, self._config.port),
+            server, port = create_aio_server(bind_address(self._config.host, self._config.port),
                                          services=("dataservice.Dispatcher",), auth=ClusterAuth.of(self._config),
                                          what="the dispatcher", tls=self._config.tls)
         except BaseException:

@@ -42,7 +42,7 @@ import grpc
 
 from dataservice import errors
 
-__all__ = ["ClusterAuth", "resolve_token", "read_token_file", "AuthInterceptor", "TOKEN_ENV", "TOKEN_FILE_ENV",
+__all__ = ["ClusterAuth", "resolve_token", "read_token_file", "AuthInterceptor", "AioAuthInterceptor", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "CREDENTIAL_KEY", "NONCE_KEY", "PROOF_KEY", "NONCE_BYTES", "MIN_TOKEN_CHARS", "credential_metadata",
            "check_proof", "new_nonce", "task_read_key", "server_proof", "client_proof", "warn_if_exposed"]
 
@@ -197,24 +197,64 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._what = what
 
     def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails):
-        if details.method.startswith(_HEALTH_PREFIX):
+        verdict = self.check(details)
+        if verdict is None:
             return continuation(details)
+        refusal, proof = verdict
+        if refusal is not None:
+            return _refuse(refusal)
+        handler = continuation(details)
+        return _with_initial_metadata(handler, proof) if handler is not None else None
+
+    def check(self, details: grpc.HandlerCallDetails) -> Optional[tuple[Optional[str], tuple]]:
+        """None: let the call through as it is; else (why it is refused, or None; the proof to send
+        first). Shared by this interceptor and the asyncio server's (``AioAuthInterceptor``)."""
+        if details.method.startswith(_HEALTH_PREFIX):
+            return None
         metadata = dict(details.invocation_metadata or ())
         credential = metadata.get(CREDENTIAL_KEY)
         if not self._auth.check_credential(credential):
             why = ("the call carries no auth token: set DATASERVICE_AUTH_TOKEN or DATASERVICE_AUTH_TOKEN_FILE "
                    "(or pass auth_token=, --auth-token-file) to the cluster's token" if credential is None
                    else "the call carries a different auth token than this cluster's")
-            return _refuse(f"{self._what} refused {details.method.rsplit('/', 1)[-1]}: {why}")
-        handler = continuation(details)
+            return f"{self._what} refused {details.method.rsplit('/', 1)[-1]}: {why}", ()
         nonce = metadata.get(NONCE_KEY)
-        if handler is None or not nonce:
-            return handler
+        if not nonce:
+            return None
         try:
             proof = self._auth.proof(b"grpc server", bytes.fromhex(nonce)).hex()
         except ValueError:
-            return _refuse(f"{self._what}: a malformed {NONCE_KEY}")
-        return _with_initial_metadata(handler, ((PROOF_KEY, proof),))
+            return f"{self._what}: a malformed {NONCE_KEY}", ()
+        return None, ((PROOF_KEY, proof),)
+
+
+class AioAuthInterceptor(grpc.aio.ServerInterceptor):
+    """``AuthInterceptor`` for the asyncio gRPC server (the dispatcher's): the same checks and proof."""
+
+    def __init__(self, auth: ClusterAuth, what: str):
+        self._sync = AuthInterceptor(auth, what)
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails):
+        verdict = self._sync.check(details)
+        if verdict is None:
+            return await continuation(details)
+        refusal, proof = verdict
+        if refusal is not None:
+            async def deny(request, context):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+
+            return grpc.unary_unary_rpc_method_handler(deny)
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler  # the dispatcher serves unary methods only
+        inner = handler.unary_unary
+
+        async def unary_unary(request, context):
+            await context.send_initial_metadata(proof)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
+                                                   handler.response_serializer)
 
 
 def _refuse(message: str) -> grpc.RpcMethodHandler:

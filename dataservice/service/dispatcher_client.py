@@ -61,7 +61,7 @@ from dataservice.service.rpc import RETRYABLE_CODES, call_with_retry, make_chann
 from dataservice.service.tls import FIX_CA, TlsSettings, describe_tls_failure, grpc_handshake_error, probe_tls
 from dataservice.service.config import MAX_DATASET_DEF_LIMIT_BYTES
 
-__all__ = ["DispatcherClient", "DISPATCHER_SERVICE", "WORKER_SERVICE", "UNREACHABLE_NOTICE_AFTER_S",
+__all__ = ["DispatcherClient", "KnownTasks", "DISPATCHER_SERVICE", "WORKER_SERVICE", "UNREACHABLE_NOTICE_AFTER_S",
            "UNREACHABLE_NOTICE_INTERVAL_S", "CLOSED_VERDICT_S", "status_hint"]
 
 log = logging.getLogger("dataservice.client")
@@ -239,13 +239,19 @@ class DispatcherClient:
 
     def client_heartbeat(self, client_id: int, progress: Sequence = (), stopped_tasks: Sequence[int] = (),
                          read_key: bytes = b"", stats: Optional[dispatcher_pb2.ReaderStatsReport] = None,
-                         current_round: int = 0, acknowledged_block_round: int = 0
-                         ) -> dispatcher_pb2.ClientHeartbeatResponse:
+                         current_round: int = 0, acknowledged_block_round: int = 0,
+                         tasks: Optional["KnownTasks"] = None) -> dispatcher_pb2.ClientHeartbeatResponse:
         """``stats``: the reader's counters (``ReaderStats``), for the dispatcher's status and scaling signal.
-        ``current_round``, ``acknowledged_block_round``: coordinated reads (dispatcher/coordinated_rounds.py)."""
-        return self._call("ClientHeartbeat", dispatcher_pb2.ClientHeartbeatRequest(
+        ``current_round``, ``acknowledged_block_round``: coordinated reads (dispatcher/coordinated_rounds.py).
+        ``tasks``: the reader's ``KnownTasks``; the answer's task lists are complete either way."""
+        response = self._call("ClientHeartbeat", dispatcher_pb2.ClientHeartbeatRequest(
             client_id=client_id, progress=progress, stopped_tasks=stopped_tasks, read_key=read_key, stats=stats,
-            current_round=current_round, acknowledged_block_round=acknowledged_block_round))
+            current_round=current_round, acknowledged_block_round=acknowledged_block_round,
+            known_tasks_version=tasks.version if tasks is not None else 0))
+        if tasks is not None:
+            tasks.fill(response)
+        return response
+
 
     def release_iteration_client(self, client_id: int, timeout_s: float = 2.0, read_key: bytes = b"") -> None:
         self._call("ReleaseIterationClient", dispatcher_pb2.ReleaseIterationClientRequest(
@@ -423,3 +429,40 @@ def _wrong_endpoint(address: str, probe: Probe) -> Optional[errors.WrongEndpoint
             f"{address} is not a dataservice dispatcher: it does not speak gRPC (it answered {probe.answer}); "
             f"{_HINT}")
     return None
+
+
+class KnownTasks:
+    """The task lists a reader last got from ClientHeartbeat, and their version: the dispatcher leaves
+    out a list that did not change (``tasks_unchanged``) and sends only what changed when the reader is a
+    little behind (``tasks_changed_only``: dispatcher/task_lists.py); ``fill`` puts the whole lists back,
+    so the reader reads every answer as complete.
+
+    Example::
+
+        >>> known = KnownTasks()
+        >>> response = dispatcher.client_heartbeat(client_id, tasks=known)   # response.tasks is complete
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._tasks: dict = {}      # task id -> TaskDef, in the order the dispatcher listed them
+        self._revoked: dict = {}    # task id -> None, in order
+
+    def fill(self, response: dispatcher_pb2.ClientHeartbeatResponse) -> None:
+        if response.tasks_unchanged:
+            response.tasks.extend(self._tasks.values())
+            response.revoked_tasks.extend(self._revoked)
+            return
+        if not response.tasks_changed_only:
+            self._tasks, self._revoked = {}, {}
+        for task in response.tasks:
+            self._tasks[task.task_id] = task
+        for task_id in response.revoked_tasks:
+            self._tasks.pop(task_id, None)
+            self._revoked[task_id] = None
+        self.version = response.tasks_version
+        if response.tasks_changed_only:
+            del response.tasks[:]
+            del response.revoked_tasks[:]
+            response.tasks.extend(self._tasks.values())
+            response.revoked_tasks.extend(self._revoked)

@@ -26,6 +26,8 @@ __all__ = ["OffsetSet"]
 
 #: From this many ranges on, sets are built and merged with numpy.
 _VECTOR_RANGES = 1024
+#: At most this many ranges are added to a set one at a time (bisection) rather than merged in one pass.
+_FEW_RANGES = 16
 
 
 def _union(pairs: "np.ndarray") -> tuple[list[int], list[int]]:
@@ -101,8 +103,11 @@ class OffsetSet:
 
     def update(self, other: "OffsetSet") -> None:
         """Adds every range of ``other``."""
-        if len(other._starts) == 1:
-            self.add(other._starts[0], other._ends[0])  # the common case: no sort
+        if len(other._starts) <= _FEW_RANGES:
+            # The common case, a heartbeat's few ranges: each placed by bisection, not a sort of the whole set
+            # (which a set made ragged by thousands of readers' interleaved offsets would cost every time).
+            for start, end in zip(other._starts, other._ends):
+                self.add(start, end)
         elif not self._starts:
             self._starts, self._ends = other._starts[:], other._ends[:]
         elif other._starts and other._starts[0] > self._ends[-1]:

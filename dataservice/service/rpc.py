@@ -132,26 +132,37 @@ def _parse(method: str, request_type, raw: bytes, context: grpc.ServicerContext,
     try:
         return request_type.FromString(raw)
     except protobuf_message.DecodeError as exc:
-        # "Error parsing message with type 'X': Wire format was corrupt": the type is said already.
-        reason = str(exc).rpartition("': ")[2] or type(exc).__name__
-        message = (f"{method}: the request is not a valid {request_type.DESCRIPTOR.full_name} ({len(raw):,} bytes): "
-                   f"{reason}")
-    limited.warning((method, "parse"), "%s; from %s, answered INVALID_ARGUMENT (a client of another protocol, or "
-                    "another version of dataservice?)", message, context.peer())
+        message = _undecodable(method, request_type, raw, exc, context.peer(), limited)
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
     return None  # not reached: abort raises
 
 
+def _undecodable(method: str, request_type, raw: bytes, exc: Exception, peer: str, limited: RateLimitedLog) -> str:
+    """What INVALID_ARGUMENT says of a request that is not one (logged, rate-limited)."""
+    # "Error parsing message with type 'X': Wire format was corrupt": the type is said already.
+    reason = str(exc).rpartition("': ")[2] or type(exc).__name__
+    message = (f"{method}: the request is not a valid {request_type.DESCRIPTOR.full_name} ({len(raw):,} bytes): "
+               f"{reason}")
+    limited.warning((method, "parse"), "%s; from %s, answered INVALID_ARGUMENT (a client of another protocol, or "
+                    "another version of dataservice?)", message, peer)
+    return message
+
+
 def _failure(method: str, exc: Exception, context: grpc.ServicerContext, limited: RateLimitedLog) -> None:
     """Ends the call with ``exc``'s status code, logging what an operator needs to see."""
+    context.abort(*_failure_status(method, exc, context.peer(), limited))
+
+
+def _failure_status(method: str, exc: Exception, peer: str, limited: RateLimitedLog) -> tuple:
+    """(status code, details) that end a call failed with ``exc``; logs what an operator needs to see."""
     code = _code_for(exc)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        limited.warning((method, "invalid"), "%s from %s refused as INVALID_ARGUMENT: %s", method, context.peer(), exc)
+        limited.warning((method, "invalid"), "%s from %s refused as INVALID_ARGUMENT: %s", method, peer, exc)
     elif code is None:
         limited.error((method, type(exc)), "%s failed with %s (a bug; the caller got INTERNAL): %s", method,
                       type(exc).__name__, exc, exc_info=exc)
     # Other codes (NOT_FOUND, PERMISSION_DENIED, ...) are ordinary answers: the caller is told, not the log.
-    abort_with(context, exc)
+    return (code, str(exc)) if code is not None else (grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def _unary_handler(method: str, request_type, impl: Callable, limited: RateLimitedLog,

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from prometheus_client import CollectorRegistry
 
@@ -61,8 +61,8 @@ DATASETS_CACHED = 64
 #: How long ``start()`` waits for the first heartbeat before carrying on in the background.
 FIRST_HEARTBEAT_WAIT_S = 5.0
 #: After an answer with news, how long the next heartbeat waits: iterations created in a burst
-#: then arrive together rather than one heartbeat each (every heartbeat lists all our tasks, so
-#: one per task would cost the dispatcher time quadratic in the burst).
+#: then arrive together rather than one heartbeat each (a full-list heartbeat, after a resync, lists
+#: all our tasks: one per task would cost the dispatcher time quadratic in the burst).
 NEWS_COALESCE_S = 0.02
 
 
@@ -77,6 +77,13 @@ class _UnloadablePipeline:
 
     def _root_iterator(self, split_provider, split_hint=None):
         raise self._exc
+
+
+class _Reported(NamedTuple):
+    """What one heartbeat told the dispatcher of our tasks."""
+    seq: int
+    tasks: frozenset
+    finished: frozenset
 
 
 class WorkerServer:
@@ -113,6 +120,12 @@ class WorkerServer:
         # The load report's baseline (_load_report): each task's load_counters() at the last heartbeat.
         self._load_seen: dict[int, tuple[float, float]] = {}
         self._load_reported_at = time.monotonic()
+        # Task deltas (WorkerHeartbeatRequest.tasks_delta in dispatcher.proto): the seq of the last heartbeat
+        # sent, and what the last answered one reported (its seq, tasks and finished tasks); None: the next
+        # heartbeat sends the full list.
+        self._heartbeat_seq = 0
+        self._answered: Optional[_Reported] = None
+        self._sent: Optional[_Reported] = None
         #: What the tasks hand to readers, per job and in all (``worker/metrics.py``; /metrics).
         self.production = ProductionCounters()
         self._http: Optional[HttpStatusServer] = None
@@ -357,15 +370,26 @@ class WorkerServer:
 
     # --- heartbeats -----------------------------------------------------------------
     def _heartbeat_request(self, wait_ms: int) -> dispatcher_pb2.WorkerHeartbeatRequest:
+        """The next heartbeat: what changed in our tasks since the last answered one (a delta), or the full
+        list when there is none to build on (the first, after a failed call, a dispatcher restart, a resync)."""
         with self._cond:
             runners = list(self._tasks.values())
             saves = sorted(self._saves)
+        self._heartbeat_seq += 1
+        tasks = frozenset(r.task_id for r in runners)
+        finished = frozenset(r.task_id for r in runners if r.finished)
+        self._sent = _Reported(self._heartbeat_seq, tasks, finished)
+        base = self._answered
+        if base is None:
+            listed = dict(current_tasks=[r.task_id for r in runners], finished_tasks=sorted(finished))
+        else:
+            # The dispatcher applied the base heartbeat's finished tasks: only those finished since are news.
+            listed = dict(tasks_delta=True, base_seq=base.seq, added_tasks=sorted(tasks - base.tasks),
+                          removed_tasks=sorted(base.tasks - tasks), finished_tasks=sorted(finished - base.finished))
         return dispatcher_pb2.WorkerHeartbeatRequest(
-            worker_address=self.address, worker_uid=self._uid,
-            current_tasks=[r.task_id for r in runners],
-            finished_tasks=[r.task_id for r in runners if r.finished], wait_ms=wait_ms,
+            worker_address=self.address, worker_uid=self._uid, heartbeat_seq=self._heartbeat_seq, wait_ms=wait_ms,
             data_address=self.data_address, current_saves=saves, load=self._load_report(runners),
-            worker_tags=self._config.worker_tags, host_id=self._host_id)
+            worker_tags=self._config.worker_tags, host_id=self._host_id, **listed)
 
     def _load_report(self, runners: list) -> dispatcher_pb2.WorkerLoadReport:
         """How busy the tasks' producers were since the previous heartbeat (the dispatcher's scaling
@@ -397,6 +421,7 @@ class WorkerServer:
 
     def _heartbeat_loop(self) -> None:
         wait_ms = 0  # the first heartbeat registers at once
+        self._answered = None  # a (re)started worker's first heartbeat lists all its tasks
         backoff = 0.1
         last_failure = ""
         registered = False
@@ -404,8 +429,11 @@ class WorkerServer:
         while not self._stopped.is_set():
             try:
                 sent = time.monotonic()
-                response = self._dispatcher.worker_heartbeat(self._heartbeat_request(wait_ms))
+                request = self._heartbeat_request(wait_ms)
+                response = self._dispatcher.worker_heartbeat(request)
             except errors.DataServiceError as exc:
+                # The dispatcher may or may not have applied it: the next heartbeat lists all our tasks.
+                self._answered = None
                 if self._stopped.is_set():
                     return
                 # An unreachable dispatcher is said by _dispatcher_unreachable, at a bounded rate. Anything
@@ -427,13 +455,25 @@ class WorkerServer:
             self._unreachable_said = False
             backoff = 0.1
             self._registered.set()
+            # Our tasks as the dispatcher now knows them: the base of the next delta.
+            self._answered = self._sent
             if response.dispatcher_incarnation != self._dispatcher_incarnation:
                 if self._dispatcher_incarnation:
+                    self._answered = None  # a new dispatcher: it knows nothing of our deltas
                     # Said once per restart: a fault-tolerant dispatcher carries on with our tasks;
                     # one without fault tolerance tells us to drop them (tasks_to_delete).
                     log.info("dispatcher %s restarted (incarnation %s -> %s)", self._config.dispatcher_address,
                              self._dispatcher_incarnation[:8], response.dispatcher_incarnation[:8])
                 self._dispatcher_incarnation = response.dispatcher_incarnation
+            if response.resync_tasks:
+                # The dispatcher could not apply our delta and did nothing else (its saves are not in the
+                # answer): the full list at once.
+                self._answered = None
+                wait_ms = self._config.heartbeat_interval_ms
+                if request.tasks_delta:
+                    continue
+                self._stopped.wait(max(0.0, wait_ms / 2000 - (time.monotonic() - sent)))
+                continue
             self._start_tasks(response.new_tasks)
             self._update_saves(response.saves)
             for task_id in response.tasks_to_delete:
@@ -443,9 +483,10 @@ class WorkerServer:
             if response.new_tasks or response.tasks_to_delete:
                 self._stopped.wait(NEWS_COALESCE_S)
             else:
-                # Answered early without news: the dispatcher had no long-poll slot free (see
-                # core.LONG_POLL_SLOTS). Pause here rather than ask again at once; half the interval at most,
-                # so a dispatcher that cut a long wait short never sees us silent for longer.
+                # Answered early without news: a dispatcher of an older version, on a thread-per-call server,
+                # had no long-poll slot free (ours wait on asyncio: dispatcher/long_polls.py). Pause here rather
+                # than ask again at once; half the interval at most, so a dispatcher that cut a long wait short
+                # never sees us silent for longer.
                 self._stopped.wait(max(0.0, asked_ms / 2000 - (time.monotonic() - sent)))
 
     # --- lifecycle -------------------------------------------------------------------

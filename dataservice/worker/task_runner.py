@@ -278,8 +278,8 @@ class TaskRunner:
                     if response.end_of_splits:
                         break
                     if response.wait:
-                        # Leased splits may still come back. The dispatcher waited for them, unless it had no
-                        # long-poll slot free: then wait here, so as not to ask again at once.
+                        # Leased splits may still come back. The dispatcher waited for them (an older one with
+                        # no long-poll slot free did not): wait here too, so as not to ask again at once.
                         self._stop.wait(max(0.0, SPLIT_RETRY_S - (time.monotonic() - asked)))
                         continue
                     group = response.split_index

@@ -1,0 +1,106 @@
+"""Long polls that wait without a thread: per-key wakeups from the dispatcher's core to the
+asyncio gRPC server.
+
+A worker's heartbeat and a task's GetSplit are long polls: the dispatcher answers when there is
+news for *that* worker or iteration, or when the poll's time is up. With a thread-per-call server
+each waiting poll held a thread, so only a dozen could wait and every other worker polled twice
+per interval. Here a poll is a coroutine parked on a future: thousands wait at the cost of a
+future each.
+
+The core tells ``Wakeups.notify(keys)`` which keys a committed change may concern
+(``("worker", address)``, ``("iteration", id)``, or ``ALL``), under its lock. A waiter first reads
+the key's generation (``generation(key)``, also under the core's lock, right where it decided there
+was no news), then ``await wait(key, since, timeout_s)``: a notify that came in between is not
+lost, because the generation moved on. Waking one key wakes only that key's waiters, so a GetSplit
+commit on one iteration does not wake two thousand idle workers' heartbeats.
+
+Example::
+
+    >>> wakeups = Wakeups()
+    >>> seen = wakeups.generation(("worker", "w1:5051"))      # under the core's lock, with "no news"
+    >>> await wakeups.wait(("worker", "w1:5051"), seen, 5.0)   # True when woken, False on timeout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Hashable, Iterable
+
+__all__ = ["Wakeups", "ALL"]
+
+#: A key that wakes every waiter (a change whose reach the core does not narrow down, say a rolled-back state).
+ALL = ("all",)
+
+
+class Wakeups:
+    """Generations per key, and the asyncio futures waiting on them. Thread-safe: the core notifies
+    from executor threads, waiters park on the server's event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generations: dict[Hashable, int] = {}
+        self._everything = 0  # bumped by ALL: every key's generation is (its own, this)
+        self._waiters: dict[Hashable, list] = {}
+
+    def generation(self, key: Hashable) -> tuple[int, int]:
+        """``key``'s generation now; from now on ``notify`` counts its changes (until ``forget``)."""
+        with self._lock:
+            return self._generations.setdefault(key, 0), self._everything
+
+    def notify(self, keys: Iterable[Hashable]) -> None:
+        """Wakes the waiters of ``keys`` (``ALL``: every waiter)."""
+        woken = []
+        with self._lock:
+            for key in keys:
+                if key == ALL:
+                    self._everything += 1
+                    for waiters in self._waiters.values():
+                        woken.extend(waiters)
+                    self._waiters.clear()
+                    break
+                if key in self._waiters:
+                    woken.extend(self._waiters.pop(key))
+                # Only keys a poll has read need counting: the others are not remembered at all.
+                if key in self._generations:
+                    self._generations[key] += 1
+        for loop, future in woken:
+            loop.call_soon_threadsafe(_wake, future)
+
+    def forget(self, key: Hashable) -> None:
+        """Drops ``key``'s generation (a worker or iteration removed for good): bounded memory over months."""
+        with self._lock:
+            if key not in self._waiters:
+                self._generations.pop(key, None)
+
+    def waiting(self) -> int:
+        """How many polls wait now (GetStatus and the tests read it)."""
+        with self._lock:
+            return sum(len(w) for w in self._waiters.values())
+
+    async def wait(self, key: Hashable, since: tuple[int, int], timeout_s: float) -> bool:
+        """Waits until ``key`` changes after generation ``since`` or ``timeout_s`` passes; whether it changed."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        entry = (loop, future)
+        with self._lock:
+            if (self._generations.setdefault(key, 0), self._everything) != since:
+                return True
+            self._waiters.setdefault(key, []).append(entry)
+        try:
+            await asyncio.wait_for(future, max(0.0, timeout_s))
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(key)
+                if waiters is not None and entry in waiters:
+                    waiters.remove(entry)
+                    if not waiters:
+                        del self._waiters[key]
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,74 @@
+"""``python -m benchmarks.fleet`` with a tiny fleet: a real dispatcher process, simulated workers and readers
+speaking the real protocol, real workers and a real reader beside them; the report's fields, the
+exactly-once check of the real read, and failure detection of a real worker killed in the window."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.processes import REPO, pid_alive, subprocess_env
+
+
+def _env() -> dict:
+    env = subprocess_env()
+    for name in ("DATASERVICE_AUTH_TOKEN", "DATASERVICE_AUTH_TOKEN_FILE"):  # --token sets its own
+        env.pop(name, None)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [("--worker-timeout-ms", "2000"), ("--token", "--fault-tolerant", "--no-kill-worker"),
+                                   ("--task-lists", "full", "--no-kill-worker")],
+                         ids=["delta-kill", "token-journal", "full-lists"])
+def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_path, flags):
+    out = tmp_path / "fleet.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet", "--workers", "20", "--readers", "50", "--jobs", "2",
+         "--duration-s", "5", "--warmup-s", "4", "--json", str(out), *flags],
+        capture_output=True, text=True, cwd=REPO, env=_env(), timeout=240)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = json.loads(out.read_text())
+    assert report["workers"] == 20 and report["readers"] == 50 and report["jobs"] == 2
+    dispatcher = report["dispatcher"]
+    assert 0 < dispatcher["cpu_core"] < 4
+    assert 0 < dispatcher["cpu_ms_per_call"] < 1000
+    assert 10 < dispatcher["rss_mb"] <= dispatcher["peak_rss_mb"] < 4096
+    # Every simulated kind of call was answered inside the window, with sane latencies.
+    for method in ("WorkerHeartbeat", "ClientHeartbeat", "GetSplit"):
+        m = report["methods"][method]
+        assert m["calls"] > 0 and 0 <= m["p50_ms"] <= m["p99_ms"] <= m["max_ms"] < 60_000, (method, m)
+    assert report["ready"]["workers"] + report["ready"]["workers_late"] == 20
+    assert report["ready"]["readers"] + report["ready"]["readers_late"] == 50
+    assert report["ready"]["readers_failed"] == 0
+    assert report["lost"]["workers_declared_lost"] == 0 and report["lost"]["clients_released"] == 0
+    assert report["lost"]["readers_unknown"] == 0
+    for key in ("late_p50_ms", "late_p99_ms", "late_over_100ms", "late_over_interval", "answered_early_no_news"):
+        assert key in report["worker_heartbeat"]
+    for key in ("latency_p50_ms", "latency_p99_ms", "late_over_100ms", "late_over_interval"):
+        assert key in report["client_heartbeat"]
+    real = report["real_read"]
+    for read in (real["idle"], real["loaded"]):
+        assert read["elements"] == 20_000 and read["exactly_once"] is True and read["elements_per_s"] > 0
+    if "--worker-timeout-ms" in flags:
+        # A real worker killed (-9) early in the window is declared lost within its timeout (plus the
+        # dispatcher's one-second liveness tick, and slack for a loaded machine), and the real read beside
+        # the fleet, which lost it, still delivered every element exactly once (checked above).
+        assert report["kill_worker"] and report["failure_detection_s"] is not None, report.get("failure_detection_s")
+        # (It can be under the timeout: the worker was last seen when its last poll began, up to half of it before.)
+        assert 0 < report["failure_detection_s"] <= 2.0 + 1.0 + 3.0
+    if "full" not in flags:
+        lists = report["worker_task_lists"]
+        # A full list registers each worker (before the window) and follows a resync; the rest are deltas.
+        assert lists["delta"] > 0 and lists["full"] <= lists["resync_asked"] + 20, lists
+    if "--fault-tolerant" in flags:
+        assert dispatcher["journal_fsyncs_per_s"] is not None and dispatcher["journal_fsyncs_per_s"] > 0
+    else:
+        assert dispatcher["journal_fsyncs_per_s"] is None
+    assert "real read of 20000" in result.stdout and "dispatcher:" in result.stdout
+    # Nothing the benchmark started outlives it: the dispatcher, the real workers, the simulators.
+    for pid in report["pids"]:
+        assert not pid_alive(pid), pid
