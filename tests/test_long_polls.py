@@ -63,3 +63,32 @@ def test_64_long_polls_do_not_delay_a_read_or_a_workers_heartbeat():
                 p.close()
             for t in threads:
                 t.join(timeout=5)
+
+
+def test_a_change_wakes_only_the_polls_it_concerns_and_none_is_lost():
+    import asyncio
+
+    from dataservice.dispatcher.long_polls import ALL, Wakeups
+
+    async def scenario():
+        wakeups = Wakeups()
+        w1, w2 = ("worker", "w1:1"), ("worker", "w2:1")
+        polls = {key: asyncio.ensure_future(wakeups.wait(key, wakeups.generation(key), 30)) for key in (w1, w2)}
+        await asyncio.sleep(0)  # both parked
+        assert wakeups.waiting() == 2
+        wakeups.notify([w1])
+        assert await asyncio.wait_for(polls[w1], 5) is True  # woken, long before its 30 s
+        assert not polls[w2].done() and wakeups.waiting() == 1
+        # A change between reading the generation and waiting is not lost: the wait returns at once.
+        seen = wakeups.generation(w2)
+        wakeups.notify([w2])
+        assert await asyncio.wait_for(wakeups.wait(w2, seen, 30), 5) is True
+        wakeups.notify([ALL])  # every poll
+        assert await asyncio.wait_for(polls[w2], 5) is True
+        # Nothing changed: the wait times out, and leaves no waiter behind.
+        assert await wakeups.wait(w1, wakeups.generation(w1), 0.05) is False
+        assert wakeups.waiting() == 0
+        wakeups.forget(w1)
+        assert wakeups.generation(w1) == (0, 1)
+
+    asyncio.run(scenario())

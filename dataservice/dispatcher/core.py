@@ -243,6 +243,8 @@ class DispatcherCore:
             return [("worker", change.worker_address)]
         if kind == "assign_split":
             return []  # a split leased frees nothing
+        if kind == "record_progress" and not any(p.total >= 0 for p in change.progress):
+            return []  # offsets without a split's end free nothing (and come with every reader's heartbeat)
         iteration_id = getattr(change, "iteration_id", None) if kind != "create_task" else None
         keys = []
         if kind in ("create_task", "finish_task", "revoke_task"):
