@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from benchmarks.peer_python import find_peer_python
+from benchmarks.peer_python import add_peer_arguments, find_peer_python
 from benchmarks.cluster_processes import (REPO, BenchmarkError, ProcessGroup, interrupt_on_sigterm, positive_number,
                                           start_cluster, subprocess_env)
 from benchmarks.image_pipeline_peers import (count_batches, make_images, measure_epochs, plain_loop,
@@ -192,9 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"where the images are made once (default {DEFAULT_CACHE})")
     parser.add_argument("--systems", default=",".join(OUR_SYSTEMS),
                         help=f"ours to measure, comma-separated, of {', '.join(OUR_SYSTEMS)} (default: both)")
-    peers = parser.add_mutually_exclusive_group()
-    peers.add_argument("--peer-python", metavar="PATH", help="interpreter with torch, SPDL and Grain")
-    peers.add_argument("--no-peers", action="store_true")
+    add_peer_arguments(parser, "torch, SPDL and Grain")
     parser.add_argument("--timeout", type=positive_number(float), default=900.0,
                         help="give up on the whole run after this long (default 900 s)")
     parser.add_argument("--json", metavar="PATH")

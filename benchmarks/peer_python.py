@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["PEER_PYTHON_CANDIDATES", "find_peer_python"]
+__all__ = ["PEER_PYTHON_CANDIDATES", "find_peer_python", "add_peer_arguments"]
 
 REPO = Path(__file__).resolve().parents[1]
 #: Where the peers' venv is looked for when ``--peer-python`` is not given.
@@ -31,3 +31,10 @@ def find_peer_python(args: argparse.Namespace, packages: str) -> tuple[Optional[
         return None, (f"peers skipped: no interpreter with the peers (make one: python3 -m venv /work/peervenv && "
                       f"/work/peervenv/bin/pip install {packages}; or pass --peer-python PATH)")
     return candidates[0], f"peers under {candidates[0]}"
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser, packages: str) -> None:
+    """``--peer-python PATH`` (an interpreter with ``packages``) or ``--no-peers``."""
+    peers = parser.add_mutually_exclusive_group()
+    peers.add_argument("--peer-python", metavar="PATH", help=f"interpreter with {packages}")
+    peers.add_argument("--no-peers", action="store_true")

@@ -59,7 +59,7 @@ import time
 from typing import Any, Optional
 
 import dataservice as ds
-from benchmarks.peer_python import find_peer_python
+from benchmarks.peer_python import add_peer_arguments, find_peer_python
 from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, Proc, ProcessGroup,
                                           _SERVER_LINES, _server_args, interrupt_on_sigterm, positive_number,
                                           subprocess_env)
@@ -511,9 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the slow worker of measurement 2 is slowed: work (it repeats its work, taking "
                              "CPU from the others on a shared host), sleep (it sleeps as long as it works: a "
                              "slower host), or both (default: work,sleep)")
-    peers = parser.add_mutually_exclusive_group()
-    peers.add_argument("--peer-python", metavar="PATH", help="interpreter with torch, torchdata and grain")
-    peers.add_argument("--no-peers", action="store_true")
+    add_peer_arguments(parser, "torch, torchdata and grain")
     parser.add_argument("--timeout", type=positive_number(float), default=900.0,
                         help="give up on the whole run after this long (default 900 s)")
     parser.add_argument("--json", metavar="PATH")

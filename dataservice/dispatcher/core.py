@@ -902,13 +902,17 @@ class DispatcherCore:
         self._event("prune_job", job_id=job.job_id, job_name=job.name)
 
     # --- workers ------------------------------------------------------------------
-    def worker_heartbeat(self, req: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatResponse:
+    def worker_heartbeat(self, req: dispatcher_pb2.WorkerHeartbeatRequest, may_wait: bool = True
+                         ) -> dispatcher_pb2.WorkerHeartbeatResponse:
+        """A worker's heartbeat: records it, assigns the worker its tasks and answers with its news; without
+        news it waits (long poll) up to ``heartbeat_wait_s``, not with ``may_wait=False`` (the asyncio server
+        waits on ``wakeups`` instead and asks again with ``worker_heartbeat_again``)."""
         _check_worker_address(req.worker_address, "worker_address")
         if req.data_address:
             _check_worker_address(req.data_address, "data_address")
         _check_worker_labels(req)
         # Answer well before the worker could look lost (worker_timeout_ms), however long it asked to wait.
-        deadline = time.monotonic() + heartbeat_wait_s(req, self.config)
+        deadline = time.monotonic() + (heartbeat_wait_s(req, self.config) if may_wait else 0.0)
         with self._cond:
             state = self.state
             try:
@@ -946,7 +950,7 @@ class DispatcherCore:
         reported is not applied twice; the worker is seen, given its tasks, and told the news."""
         with self._cond:
             if req.worker_address not in self.state.workers:  # rolled back, or pruned meanwhile
-                return self.worker_heartbeat(req)
+                return self.worker_heartbeat(req, may_wait=False)
             self._worker_seen[req.worker_address] = self._clock()
             self._assign_after_wakeup(req)
             response = self._heartbeat_news(req)

@@ -105,27 +105,18 @@ def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
         wait_s = heartbeat_wait_s(request, core.config, len(core.state.workers))
         deadline = time.monotonic() + wait_s
         key = ("worker", request.worker_address)
-        once = _once(request)
-        handler = core.worker_heartbeat
+        since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once
+        response = await _run(server, core, "WorkerHeartbeat", core.worker_heartbeat, request, False, checked=True)
         while True:
-            since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once
-            response = await _run(server, core, "WorkerHeartbeat", handler, once, checked=True)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or heartbeat_has_news(request, response):
                 response.poll_wait_ms = int(wait_s * 1000)
                 return response
             await core.wakeups.wait(key, since, remaining)
-            handler = core.worker_heartbeat_again
+            since = core.wakeups.generation(key)
+            response = await _run(server, core, "WorkerHeartbeat", core.worker_heartbeat_again, request, checked=True)
 
     return call
-
-
-def _once(request: dispatcher_pb2.WorkerHeartbeatRequest) -> dispatcher_pb2.WorkerHeartbeatRequest:
-    """The heartbeat as the core sees it: answered at once (the adapter does the waiting)."""
-    copy = dispatcher_pb2.WorkerHeartbeatRequest()
-    copy.CopyFrom(request)
-    copy.wait_ms = 0
-    return copy
 
 
 def _get_split(server: AioServer, core: DispatcherCore) -> Callable:

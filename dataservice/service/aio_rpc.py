@@ -35,14 +35,13 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 import grpc
 from google.protobuf import message as protobuf_message
-from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataservice.service.auth import AioAuthInterceptor, ClusterAuth
 from dataservice.service.listening import bind_error
 from dataservice.service.log_limits import RateLimitedLog
-from dataservice.service.rpc import _CHANNEL_OPTIONS, _failure_status, _undecodable
+from dataservice.service.rpc import _CHANNEL_OPTIONS, _failure_status, _service_methods, _undecodable, register_handlers
 from dataservice.service.tls import TlsSettings
 
 __all__ = ["AioServer", "create_aio_server", "add_aio_service", "event_loop", "CORE_THREADS", "MAX_PENDING_CALLS"]
@@ -88,10 +87,9 @@ class AioServer:
     ``wait_for_termination()`` block as a threaded server's do; ``run(fn, *args)`` is how a handler
     runs blocking work on the server's thread pool."""
 
-    def __init__(self, server: grpc.aio.Server, what: str):
+    def __init__(self, server: grpc.aio.Server):
         self._server = server
         self._pool = futures.ThreadPoolExecutor(max_workers=CORE_THREADS, thread_name_prefix="dataservice-core")
-        self._what = what
         self._stopped = threading.Event()
 
     @property
@@ -144,7 +142,7 @@ def create_aio_server(address: str, services: Sequence[str] = (), auth: Optional
         return server, port
 
     server, port = _on_loop(build())
-    return AioServer(server, what), port
+    return AioServer(server), port
 
 
 def add_aio_service(server: AioServer, service: ServiceDescriptor,
@@ -152,19 +150,10 @@ def add_aio_service(server: AioServer, service: ServiceDescriptor,
                     record: Optional[Callable[[str, float], None]] = None) -> None:
     """As ``rpc.add_service``, for unary methods implemented by coroutines ``implementations[name](request)``."""
     limited = RateLimitedLog(logger)
-    handlers = {}
-    for method in service.methods:
-        if method.client_streaming or method.server_streaming:
-            raise ValueError(f"{method.full_name}: only unary methods are served on asyncio")
-        impl = implementations.get(method.name)
-        if impl is None:
-            raise ValueError(f"{method.full_name}: no implementation given")
-        request_type = message_factory.GetMessageClass(method.input_type)
-        serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _handler(method.name, request_type, impl, limited, record), response_serializer=serialize)
-    server.aio.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.aio.add_registered_method_handlers(service.full_name, handlers)
+    handlers = {method.name: grpc.unary_unary_rpc_method_handler(
+        _handler(method.name, request_type, impl, limited, record), response_serializer=serialize)
+        for method, impl, request_type, serialize in _service_methods(service, implementations, streaming=False)}
+    register_handlers(server.aio, service.full_name, handlers)
 
 
 def _handler(method: str, request_type, impl: Callable, limited: RateLimitedLog,

@@ -42,7 +42,7 @@ from dataservice.service.listening import bind_error
 from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 
-__all__ = ["create_server", "add_service", "make_channel", "translate", "abort_with", "call_with_retry",
+__all__ = ["create_server", "add_service", "register_handlers", "make_channel", "translate", "abort_with", "call_with_retry",
            "GrpcFailure", "transport_cause", "MAX_MESSAGE_BYTES", "CHUNK_BYTES", "RETRYABLE_CODES"]
 
 #: Largest gRPC message either side accepts. Elements larger than a message
@@ -107,14 +107,7 @@ def add_service(server: grpc.Server, service: ServiceDescriptor, implementations
     """
     limited = RateLimitedLog(logger)
     handlers = {}
-    for method in service.methods:
-        if method.client_streaming:
-            raise ValueError(f"{method.full_name}: client-streaming methods are not supported")
-        impl = implementations.get(method.name)
-        if impl is None:
-            raise ValueError(f"{method.full_name}: no implementation given")
-        request_type = message_factory.GetMessageClass(method.input_type)
-        serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+    for method, impl, request_type, serialize in _service_methods(service, implementations, streaming=True):
         # No request_deserializer: grpc hands the handler the raw bytes.
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
@@ -122,9 +115,28 @@ def add_service(server: grpc.Server, service: ServiceDescriptor, implementations
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 _unary_handler(method.name, request_type, impl, limited, record), response_serializer=serialize)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    register_handlers(server, service.full_name, handlers)
+
+
+def _service_methods(service: ServiceDescriptor, implementations: Mapping[str, Callable], streaming: bool):
+    """(method, implementation, request class, response serializer) for each method of ``service``;
+    ValueError for one without an implementation, or streaming where it is not served."""
+    for method in service.methods:
+        if method.client_streaming or (method.server_streaming and not streaming):
+            raise ValueError(f"{method.full_name}: {'client-' if method.client_streaming else ''}streaming methods "
+                             "are not supported")
+        impl = implementations.get(method.name)
+        if impl is None:
+            raise ValueError(f"{method.full_name}: no implementation given")
+        yield (method, impl, message_factory.GetMessageClass(method.input_type),
+               message_factory.GetMessageClass(method.output_type).SerializeToString)
+
+
+def register_handlers(server, service_name: str, handlers: dict) -> None:
+    """Serves ``handlers`` under ``service_name`` on a threaded or an asyncio server."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
     # As generated code does: stubs call these paths as registered methods.
-    server.add_registered_method_handlers(service.full_name, handlers)
+    server.add_registered_method_handlers(service_name, handlers)
 
 
 def _parse(method: str, request_type, raw: bytes, context: grpc.ServicerContext, limited: RateLimitedLog):
