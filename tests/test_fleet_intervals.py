@@ -31,3 +31,14 @@ def test_a_heartbeat_that_asks_not_to_wait_is_answered_at_once():
     # However long it asks, well before the worker could look lost.
     assert heartbeat_wait_s(dispatcher_pb2.WorkerHeartbeatRequest(wait_ms=600_000), config) == \
         config.worker_timeout_ms / 2000
+
+
+def test_a_poll_is_spread_longer_at_random_never_shorter_nor_past_the_budget():
+    spread = fleet_intervals.POLL_SPREAD
+    assert fleet_intervals.worker_poll_s(1.0, 10, worker_timeout_ms=10_000, spread=0.0) == 1.0
+    assert fleet_intervals.worker_poll_s(1.0, 10, worker_timeout_ms=10_000, spread=1.0) == 1.0 + spread
+    workers = 4 * fleet_intervals.WORKER_POLLS_PER_S
+    assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=10_000, spread=0.5) == 4.0 * (1 + spread / 2)
+    assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=8_000, spread=1.0) == 4.0  # half of 8 s
+    assert heartbeat_wait_s(dispatcher_pb2.WorkerHeartbeatRequest(wait_ms=1000), DispatcherConfig(), 1, 1.0) == \
+        1.0 + spread

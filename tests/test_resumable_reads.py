@@ -414,6 +414,66 @@ def test_malformed_positions_are_refused(one_worker):
             it.close()
 
 
+def test_a_position_over_other_split_groups_is_refused(one_worker):
+    """A position names split groups by index: a state counting other groups than the pipeline's is refused,
+    by the client when it has the pipeline and by the dispatcher when it has not (from_dataset_id)."""
+    pipeline = Dataset.range(200).batch(32)  # 7 groups of one batch each
+
+    def make() -> Dataset:
+        return pipeline.apply(distribute("distributed_epoch", one_worker.target, deterministic=True))
+
+    head, state = state_at(make, 2)
+    assert state["position"]["groups"] == pipeline.split_groups().num_groups == 7
+    other = json.loads(json.dumps(state))
+    other["position"]["groups"] = 5
+    it = iter(make())
+    try:
+        with pytest.raises(ValueError, match=r"counts 5 split group\(s\), and the pipeline read now has 7"):
+            it.load_state_dict(other)
+    finally:
+        it.close()
+    # Saved before the count was saved, when this batched pipeline was one group of 256-element splits.
+    legacy = json.loads(json.dumps(state))
+    del legacy["position"]["groups"]
+    it = iter(make())
+    try:
+        with pytest.raises(ValueError, match=r"saved by an older dataservice, which cut this pipeline into 1 split "
+                                             r"group\(s\); this version cuts it into 7"):
+            it.load_state_dict(legacy)
+    finally:
+        it.close()
+    # The dispatcher refuses a count other than the registered dataset's (from_dataset_id has no pipeline to
+    # check, and saves -1: not known).
+    dataset_id = register_dataset(one_worker.target, pipeline)
+
+    def make_from_id() -> Dataset:
+        return from_dataset_id("distributed_epoch", one_worker.target, dataset_id, deterministic=True,
+                               element_spec=pipeline.element_spec)
+
+    _, by_id = state_at(make_from_id, 2)
+    assert by_id["position"]["groups"] == -1
+    by_id["position"]["groups"] = 5
+    it = iter(make_from_id())
+    try:
+        it.load_state_dict(by_id)
+        with pytest.raises(errors.InvalidRequestError, match="position counts 5 split groups, and dataset"):
+            run_with_deadline(lambda: next(it), READ_TIMEOUT_S)
+    finally:
+        it.close()
+    # The true count goes through both ways and continues the sequence.
+    assert_same_sequence(head + resumed(make, state), read_all(make()), "restored with its groups")
+
+
+def test_a_position_saved_before_the_count_restores_where_the_groups_did_not_change(one_worker):
+    def make() -> Dataset:
+        return Dataset.range(N).map(double).apply(distribute("distributed_epoch", one_worker.target,
+                                                             deterministic=True))
+
+    head, state = state_at(make, 300)
+    del state["position"]["groups"]  # as an older dataservice saved it: unbatched splits are sized as then
+    assert_same_sequence(head + resumed(make, state), read_all(make()), "restored from an older state")
+
+
 # --- 6. the cluster changed between save and restore ---------------------------------------------------
 
 def test_restore_after_a_fault_tolerant_dispatcher_restart(tmp_path):

@@ -31,7 +31,7 @@ from dataservice.client.transports import DATA_TRANSFER_PROTOCOLS
 from dataservice.data import specs
 from dataservice.data.checkpoint import NodeIterator, field
 from dataservice.data.dataset import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset, IteratorContext, \
-    _ClosingIterator
+    _ClosingIterator, unsized_num_groups
 from dataservice.data.serialization import registered_cardinality, registered_element_spec, serialize_dataset
 from dataservice.dispatcher.request_checks import DATASET_NAME_RULE, MAX_DATASET_NAME_CHARS, dataset_name_problem, \
     shown_name
@@ -265,21 +265,24 @@ def _not_resumable(mode: int, options: ReadOptions) -> Optional[str]:
 
 class _Resume:
     """A restored read's start: the saved position, the repetition the saved read was in (-1 unknown), whether
-    it had ended, and (deterministic) its index in the sequence."""
+    it had ended, (deterministic) its index in the sequence, and the split groups its position counts in
+    (-1 unknown)."""
 
-    __slots__ = ("position", "repetition", "ended", "index")
+    __slots__ = ("position", "repetition", "ended", "index", "groups")
 
-    def __init__(self, position: ReadPosition, repetition: int, ended: bool, index: Optional[int]):
+    def __init__(self, position: ReadPosition, repetition: int, ended: bool, index: Optional[int], groups: int = -1):
         self.position, self.repetition, self.ended, self.index = position, repetition, ended, index
+        self.groups = groups
 
     def point(self) -> state_pb2.ResumePoint:
         point = self.position.to_resume()
         point.position = self.index or 0
+        point.num_groups = max(0, self.groups)  # the dispatcher checks it against the registered dataset's
         return point
 
     def to_state(self) -> dict:
         return {"repetition": self.repetition, "ended": self.ended, **self.position.to_state(),
-                "position": self.index if self.index is not None else -1}
+                "position": self.index if self.index is not None else -1, "groups": self.groups}
 
 
 class _ServiceReadIterator(NodeIterator):
@@ -305,15 +308,22 @@ class _ServiceReadIterator(NodeIterator):
         if reason is not None:
             raise NotCheckpointableError(f"{node._describe()} cannot be checkpointed: {reason}")
 
+    def _groups(self) -> int:
+        """The split groups of the pipeline read, when this process has it (``distribute``); else -1."""
+        dataset = self._node._dataset
+        return max(-1, _num_splits(dataset)) if dataset is not None else -1
+
     def save(self) -> dict:
         self._check()
         reader = self._reader
         if reader is None:  # not started: where a restore put it, or the start
             resume = self._resume
             if resume is None:
-                resume = _Resume(ReadPosition(), -1, False, 0 if self._node._options().deterministic else None)
+                resume = _Resume(ReadPosition(), -1, False, 0 if self._node._options().deterministic else None,
+                                 self._groups())
             return resume.to_state()
-        return {"repetition": self._repetition, "ended": self._ended, **reader.position_state()}
+        return {"repetition": self._repetition, "ended": self._ended, **reader.position_state(),
+                "groups": self._groups()}
 
     def restore(self, state: Any) -> None:
         self._check()
@@ -325,7 +335,34 @@ class _ServiceReadIterator(NodeIterator):
             raise ValueError(f"malformed iterator state for {where}: 'position' (the index in the deterministic "
                              f"sequence) must be >= 0, got {index}")
         index = index if index >= 0 else None
-        self._resume = _Resume(ReadPosition.from_state(state), repetition, ended, index)
+        position = ReadPosition.from_state(state)
+        saved = field(state, "groups", int, where, default=None, minimum=-1)
+        self._resume = _Resume(position, repetition, ended, index, self._check_groups(saved))
+
+    def _check_groups(self, saved: Optional[int]) -> int:
+        """The groups a restored position counts in, checked against the pipeline's: a position names groups
+        by index, so over other groups it would skip or repeat elements. ``saved`` None: a state from before
+        the count was saved, whose groups were the sources' own split sizes (``unsized_num_groups``)."""
+        groups = self._groups()
+        describe = self._node._describe()
+        if saved is None:
+            if groups < 0:
+                return -1  # from_dataset_id: the pipeline is not here; the position is taken as it is
+            before = unsized_num_groups(self._node._dataset)
+            if before != groups:
+                raise ValueError(
+                    f"cannot restore {describe}: its state was saved by an older dataservice, which cut this "
+                    f"pipeline into {before} split group(s); this version cuts it into {groups} (splits are now "
+                    f"sized from the pipeline's batches), so the saved position cannot be mapped onto them. "
+                    f"Start this epoch of the read from its beginning (restore no state for it), or finish the "
+                    f"epoch with the dataservice that saved it")
+            return groups
+        if saved >= 0 and groups >= 0 and saved != groups:
+            raise ValueError(
+                f"cannot restore {describe}: its state counts {saved} split group(s), and the pipeline read now "
+                f"has {groups}: the state was saved from a read of another pipeline (or another dataset size or "
+                f"batch size), and a position over other groups would skip or repeat elements")
+        return saved if saved >= 0 else groups
 
     def close(self) -> None:
         self._gen.close()

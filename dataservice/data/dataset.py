@@ -813,12 +813,18 @@ class SplitGroups:
         return range(base + run * size // runs, base + (run + 1) * size // runs)
 
 
-def _split_groups(dataset: Dataset, registered: Optional[int]) -> SplitGroups:
+def _split_groups(dataset: Dataset, registered: Optional[int], sized: bool = True) -> SplitGroups:
+    """``sized=False``: the groups of the sources' own split sizes, as every pipeline had before splits were
+    sized from its batches (``unsized_num_groups``)."""
     if registered is not None and (not isinstance(registered, int) or isinstance(registered, bool)
                                    or registered < INFINITE_CARDINALITY):
         raise ValueError(f"num_groups must be an int >= -1 or None, got {registered!r}")
-    n = dataset.num_splits()  # NotSplittableError naming the culprit
-    dataset = _split_view(dataset)
+    if sized:
+        n = dataset.num_splits()  # NotSplittableError naming the culprit
+        dataset = _split_view(dataset)
+    else:
+        dataset._split_source()  # NotSplittableError naming the culprit
+        n = dataset._num_splits()
     passes = _pass_splits(dataset)
     if n == 0:
         groups = SplitGroups(0, 1, 1, 0)
@@ -841,6 +847,21 @@ def _split_groups(dataset: Dataset, registered: Optional[int]) -> SplitGroups:
             f"divide its {n} splits ({passes} per pass) into whole groups; was it registered by another "
             "version of dataservice? Register it again with this one.")
     return groups
+
+
+def unsized_num_groups(dataset: Dataset) -> int:
+    """The split groups ``dataset`` had before splits were sized from its batches (dataservice before
+    issue 28's split sizing): what a read position saved then counts in. Equal to
+    ``dataset.split_groups().num_groups`` for every pipeline without a batch over a range or
+    from_tensor_slices source; a small batched one had fewer groups then.
+
+    Example::
+
+        >>> ds = Dataset.range(200).batch(32)
+        >>> ds.split_groups().num_groups, unsized_num_groups(ds)
+        (7, 1)
+    """
+    return _split_groups(dataset, None, sized=False).num_groups
 
 
 _SPLIT_VIEWS: "weakref.WeakKeyDictionary[Dataset, Optional[Dataset]]" = weakref.WeakKeyDictionary()

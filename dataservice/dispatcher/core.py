@@ -134,13 +134,14 @@ def _shown_read_options(job) -> str:
            f"target_workers={target!r}, deterministic={deterministic}, num_readers={num_readers or None}"
 
 
-def heartbeat_wait_s(req: dispatcher_pb2.WorkerHeartbeatRequest, config: DispatcherConfig, workers: int = 0) -> float:
+def heartbeat_wait_s(req: dispatcher_pb2.WorkerHeartbeatRequest, config: DispatcherConfig, workers: int = 0,
+                     spread: float = 0.0) -> float:
     """How long a worker's heartbeat may wait for news: what it asked (0: not at all), stretched for a
-    large fleet of ``workers`` (``fleet_intervals``), and answered well before the worker could look lost
-    (half of ``worker_timeout_ms``) however long it asked to wait."""
+    large fleet of ``workers`` and spread at random by ``spread`` (``fleet_intervals``), and answered
+    well before the worker could look lost (half of ``worker_timeout_ms``) however long it asked to wait."""
     if req.wait_ms <= 0:
         return 0.0
-    return fleet_intervals.worker_poll_s(req.wait_ms / 1000, workers, config.worker_timeout_ms)
+    return fleet_intervals.worker_poll_s(req.wait_ms / 1000, workers, config.worker_timeout_ms, spread)
 
 
 def heartbeat_has_news(req: dispatcher_pb2.WorkerHeartbeatRequest,
@@ -376,6 +377,14 @@ class DispatcherCore:
                 raise errors.NotSplittableError(
                     f"dataset {req.dataset_id} is not splittable, so it cannot be read in distributed_epoch mode; "
                     "use parallel_epochs")
+            if resume is not None and resume.num_groups > 0 and dataset.num_splits >= 0 \
+                    and resume.num_groups != dataset.num_splits:
+                # A position names groups by index: over another count they are other elements.
+                raise errors.InvalidRequestError(
+                    f"GetOrCreateJob: the restored read's position counts {resume.num_groups} split groups, and "
+                    f"dataset {req.dataset_id} is registered with {dataset.num_splits}: the state was saved from a "
+                    f"read of another pipeline (or registration), and over other groups it would skip or repeat "
+                    f"elements")
             cardinality = registered_cardinality(dataset.dataset_def) \
                 if req.num_consumers or req.cross_trainer_cache else INFINITE_CARDINALITY
             if cardinality >= 0:

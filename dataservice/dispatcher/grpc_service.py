@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Callable
 
@@ -101,8 +102,9 @@ def _adapt(server: AioServer, core: DispatcherCore, rpc: str, method: str) -> Ca
 def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
     async def call(request: dispatcher_pb2.WorkerHeartbeatRequest):
         check_request("WorkerHeartbeat", request, core.config)  # the request as sent: its wait_ms too
-        # What it asked, stretched for a large fleet; well before the worker could look lost (worker_timeout_ms).
-        wait_s = heartbeat_wait_s(request, core.config, len(core.state.workers))
+        # What it asked, stretched for a large fleet and spread so that polls answered together (a new job)
+        # do not all end together again; well before the worker could look lost (worker_timeout_ms).
+        wait_s = heartbeat_wait_s(request, core.config, len(core.state.workers), random.random())
         deadline = time.monotonic() + wait_s
         key = ("worker", request.worker_address)
         since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once

@@ -443,14 +443,23 @@ def _check_progress(rpc: str, progress) -> None:
         if total_ranges > MAX_PROGRESS_RANGES:
             raise errors.InvalidRequestError(
                 f"{rpc}: progress holds more than {MAX_PROGRESS_RANGES:,} ranges (counted up to {where})")
-        flat = np.array(p.ranges, dtype=np.int64)
-        starts, ends = flat[0::2], flat[1::2]
-        wrong = (starts < 0) | (starts >= ends)
-        if wrong.any():
-            j = int(np.argmax(wrong))
+        if count <= _SMALL_RANGES:  # a usual heartbeat's few ranges: a numpy array would cost more than it saves
+            flat = list(p.ranges)
+            starts, ends = flat[0::2], flat[1::2]
+            j = next((j for j, (a, b) in enumerate(zip(starts, ends)) if a < 0 or a >= b), None)
+        else:
+            flat = np.array(p.ranges, dtype=np.int64)
+            starts, ends = flat[0::2], flat[1::2]
+            wrong = (starts < 0) | (starts >= ends)
+            j = int(np.argmax(wrong)) if wrong.any() else None
+        if j is not None:
             raise errors.InvalidRequestError(
                 f"{rpc}: {where}.ranges[{2 * j}:{2 * j + 2}] is [{starts[j]}, {ends[j]}): a range must have "
                 f"0 <= start < end")
+
+
+#: Up to this many numbers (16 ranges), a progress entry's ranges are checked in Python.
+_SMALL_RANGES = 32
 
 
 def _dataset_name(rpc: str, name: str) -> None:
