@@ -10,7 +10,7 @@ PIP_LOCKED = $(PY) -m pip install --quiet --disable-pip-version-check --no-build
 # `make test-latest` and `make lock`: the newest releases pyproject.toml allows, in a venv of their own.
 LATEST ?= .venv-latest
 
-.PHONY: demo test test-fast test-latest lock bench protos clean
+.PHONY: demo test test-fast test-containers test-latest lock bench protos clean
 
 $(VENV)/.tools: $(LOCK)
 	@echo "Setting up $(VENV) with the versions of $(LOCK)"
@@ -41,6 +41,12 @@ test: $(VENV)/.installed-test
 ## test-fast: skip the tests that start real subprocesses
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m "not slow"
+
+## test-containers: build the image, run docker-compose.yml on a real Docker engine, break it (a worker killed,
+## the dispatcher restarted, the token rotated) and tear it down. Skips, saying why, where no engine can be
+## started (`sudo deploy/install-docker.sh` installs one on Debian 12). CI runs it after `make test`.
+test-containers: $(VENV)/.installed-test
+	DATASERVICE_CONTAINER_TESTS=1 $(PY) -m pytest -q -x -rs -s tests/containers
 
 # The newest releases, installed afresh each time: no lock, no build isolation pinned.
 $(LATEST)/.installed:

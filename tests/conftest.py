@@ -3,6 +3,12 @@
 test: a ``grpc.RpcError`` that reaches test code from our code untranslated fails the test, even when
 the test caught it (``tests/grpc_leak_guard.py``)."""
 
+import os
+
 from tests.cluster import cluster  # noqa: F401  (registers the fixture for every test module)
 from tests.processes import procs  # noqa: F401
 from tests.grpc_leak_guard import pytest_runtest_call  # noqa: F401  (fails a test a grpc.RpcError leaked into)
+
+# tests/containers/ builds the image and runs docker-compose.yml on a real Docker engine: `make test-containers`
+# runs it (setting this variable), `make test` does not collect it.
+collect_ignore = [] if os.environ.get("DATASERVICE_CONTAINER_TESTS") else ["containers"]

@@ -11,6 +11,11 @@ connection from one host to another crosses two veth pairs and the bridge,
 counted in each interface's byte statistics. The hosts still share the kernel,
 the pid space and the file system: that is all a namespace separates.
 
+A Docker engine on the same machine sets the host's iptables ``FORWARD`` policy to ``DROP`` (and loads
+``br_netfilter``, which sends bridged frames through iptables). That does not reach these hosts: the
+bridge is in the switch's namespace, whose packet filter is its own and empty, so these tests pass with
+an engine running (``make test-containers`` starts one) as without.
+
 Creating namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's
 ``ip``; ``unavailable()`` says why they cannot be created, by trying to.
 

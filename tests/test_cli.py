@@ -572,9 +572,14 @@ def test_docker_compose_commands_parse(tmp_path, monkeypatch) -> None:
 
 def test_dockerfile_and_compose_basics() -> None:
     dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim\s*$", dockerfile, re.M)
-    # With the images extra: workers decode the catalogue's Image features (Pillow).
-    assert re.search(r"^RUN pip install '\.\[images\]'", dockerfile, re.M)
+    # The official slim image by default; deploy/base-image.sh's where no registry can be reached.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim\s*$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}\s*$", dockerfile, re.M)
+    # With the images extra (workers decode the catalogue's Image features with Pillow), at the locked versions;
+    # pip's configuration only ever as a build secret.
+    assert re.search(r"pip install -c requirements/lock\.txt '\.\[images\]'", dockerfile)
+    assert "--mount=type=secret,id=pip.conf" in dockerfile and "COPY pip.conf" not in dockerfile
+    assert re.search(r"^USER dataservice\s*$", dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["dataservice"\]\s*$', dockerfile, re.M)
     # gRPC of the dispatcher and the workers, the workers' data transfer, and --http-port.
     assert re.search(r"^EXPOSE 5050 5051 5061 8080\s*$", dockerfile, re.M)
@@ -644,8 +649,10 @@ def test_docker_compose_health_and_ports(tmp_path, monkeypatch) -> None:
             assert {str(server.port), str(server.data_transfer_port)} <= set(spec["expose"]), name
             assert server.worker_address == f"{name}:{server.port}"
     dispatcher = parser.parse_args(services["dispatcher"]["command"])
-    # gRPC (token-protected) on the host; the unauthenticated HTTP page on its loopback only.
-    assert services["dispatcher"]["ports"] == [f"5050:{dispatcher.port}", f"127.0.0.1:8080:{dispatcher.http_port}"]
+    # gRPC (token-protected) and the unauthenticated HTTP page.
+    # Published on the host's loopback only: the compose network is the cluster's.
+    assert services["dispatcher"]["ports"] == [f"127.0.0.1:5050:{dispatcher.port}",
+                                               f"127.0.0.1:8080:{dispatcher.http_port}"]
     assert services["client"]["depends_on"] == {name: {"condition": "service_healthy"} for name in roles}
     assert "healthcheck" not in services["client"]  # it serves nothing; the image has no HEALTHCHECK either
 
