@@ -145,6 +145,11 @@ def dispatcher_status(token: str, check: bool = True) -> subprocess.CompletedPro
 def test_the_image_runs_as_a_non_root_user_with_the_locked_versions(project):
     uid = run(["docker", "run", "--rm", "--entrypoint", "id", IMAGE, "-u"], 60).stdout.strip()
     assert uid == "1000"
+    # The build's secrets (pip's configuration, the CA bundle) were mounted for one RUN: no layer holds them.
+    leftovers = run(["docker", "run", "--rm", "-u", "0", "--entrypoint", "sh", IMAGE, "-c",
+                     "ls /etc/pip.conf /run/secrets/ca-certificates.crt /root/.cache/pip 2>/dev/null || true"],
+                    60).stdout.strip()
+    assert leftovers == "", leftovers
     version = run(["docker", "run", "--rm", IMAGE, "--version"], 60).stdout.strip()
     assert version.startswith("dataservice "), version
     installed = run(["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-m", "pip", "freeze"], 120).stdout
