@@ -53,7 +53,7 @@ host_mirror() {
 }
 
 if [ -z "${MIRROR:-}" ]; then
-    MIRROR="$(host_mirror | head -n 1)"
+    MIRROR="$(host_mirror | head -n 1 || true)"
     [ -n "$MIRROR" ] || die "no apt source of this host serves '$SUITE'; set MIRROR=http://your.mirror/debian"
 fi
 # apt's proxy, for debootstrap's downloads (it does not read apt's configuration).

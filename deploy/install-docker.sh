@@ -29,11 +29,15 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# The host's Debian mirror: the first URI of its apt sources (deb822 or one-line) that is not the security archive.
 mirror() {
     if [ -n "${MIRROR:-}" ]; then echo "$MIRROR"; return; fi
-    { sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null
-      awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; break } }' \
-          /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null; } | grep -v security | head -n 1
+    local file
+    for file in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -f "$file" ] || continue
+        sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' "$file"
+        awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; break } }' "$file"
+    done | grep -v security | head -n 1 || true
 }
 
 # Debian 13's package of a plugin: the pool path from trixie's package index.
@@ -46,7 +50,8 @@ install_from_trixie() {
     index="$tmp/Packages.xz"
     curl -fsS --retry 3 -m 300 -o "$index" "$base/dists/trixie/main/binary-$(dpkg --print-architecture)/Packages.xz" \
         || die "cannot download trixie's package index from $base"
-    file="$(xz -dc "$index" | awk -v p="$package" '$1 == "Package:" { hit = ($2 == p) } hit && $1 == "Filename:" { print $2; exit }')"
+    # (awk stops at the match, so xz may die of SIGPIPE: not a failure.)
+    file="$(xz -dc "$index" | awk -v p="$package" '$1 == "Package:" { hit = ($2 == p) } hit && $1 == "Filename:" { print $2; exit }' || true)"
     [ -n "$file" ] || die "trixie has no package $package"
     echo "install-docker.sh: $package from $base/$file"
     curl -fsS --retry 3 -m 600 -o "$tmp/$package.deb" "$base/$file" || die "cannot download $base/$file"
