@@ -10,7 +10,7 @@ PIP_LOCKED = $(PY) -m pip install --quiet --disable-pip-version-check --no-build
 # `make test-latest` and `make lock`: the newest releases pyproject.toml allows, in a venv of their own.
 LATEST ?= .venv-latest
 
-.PHONY: demo test test-fast test-containers test-latest lock bench protos clean
+.PHONY: demo test test-fast test-containers docs test-latest lock bench protos clean
 
 $(VENV)/.tools: $(LOCK)
 	@echo "Setting up $(VENV) with the versions of $(LOCK)"
@@ -34,9 +34,15 @@ $(VENV)/.installed-test: pyproject.toml $(LOCK) $(VENV)/.tools
 demo: $(VENV)/.installed-demo
 	$(PY) -m client.demo
 
-## test: set up and run the whole test suite
-test: $(VENV)/.installed-test
+## test: set up, build the documentation site (make docs), and run the whole test suite
+test: $(VENV)/.installed-test docs
 	$(PY) -m pytest -q
+
+## docs: build the documentation site (docs/, mkdocs.yml) into build/site with `mkdocs build --strict`: a broken
+## link, a missing page or a docstring the API reference cannot read fails it
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	@echo "docs: built build/site (open build/site/index.html)"
 
 ## test-fast: skip the tests that start real subprocesses
 test-fast: $(VENV)/.installed-test

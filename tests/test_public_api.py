@@ -1,4 +1,4 @@
-"""The public API is exactly what the README documents."""
+"""The public API is exactly what the documentation (README.md and docs/) documents."""
 
 import dataservice
 from dataservice import errors

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md runs as pasted.
+"""Every ```python block of README.md and of the documentation site (docs/**/*.md) runs as pasted.
 
 Each block is written to a file in a fresh temporary directory and run there with
 ``sys.executable`` in a process of its own (``PYTHONPATH`` = this checkout, a timeout of
@@ -41,6 +41,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Optional
@@ -51,21 +52,35 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: The pages of the documentation site (mkdocs.yml), whose blocks run as the README's do.
+DOCS = REPO / "docs"
 #: The longest one snippet may run.
 SNIPPET_TIMEOUT_S = 60.0
 #: The longest the local cluster may take to print where it listens.
 START_TIMEOUT_S = 30.0
 README_PORT = "localhost:5050"
 
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+# A block may be indented (inside a list item): its lines are dedented by the fence's indentation.
+_BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.M | re.S)
 _FILE_HEADER = re.compile(r"^# file: (\S+)(?:.*\brun: python (\S+))?")
 _CLUSTER_LINE = re.compile(r"^local cluster: grpc://localhost:(\d+) with \d+ workers?$")
 _PRINT_WITH_VALUE = re.compile(r"^print\(.*\)\s+# ((?:[\[(\d'\"]|True\b|False\b|None\b).*)$")
 _PYTHON_TRACEBACK = re.compile(r"^(Traceback \(most recent call last\)|Exception ignored)", re.M)
 
 
-def _blocks() -> list[str]:
-    return _BLOCK.findall(README.read_text())
+def _blocks(path: Path = README) -> list[str]:
+    return [textwrap.dedent(body) if indent else body for indent, body in _BLOCK.findall(path.read_text())]
+
+
+def _pages() -> list[Path]:
+    """README.md and the site's pages."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _runnable() -> list[tuple[str, int]]:
+    """``(page, index)`` of every standalone and cluster block of every page."""
+    return [(str(page.relative_to(REPO)), i) for page in _pages() for i, b in enumerate(_blocks(page))
+            if _kind(b) in ("standalone", "cluster")]
 
 
 def _kind(block: str) -> str:
@@ -97,7 +112,7 @@ def _check(result: subprocess.CompletedProcess, block: str, what: str) -> None:
     assert not _PYTHON_TRACEBACK.search(result.stderr), details
     lines = [line.strip() for line in result.stdout.splitlines()]
     for expected in _expected_lines(block):
-        assert expected in lines, f"the README says this prints {expected!r}\n{details}"
+        assert expected in lines, f"the page says this prints {expected!r}\n{details}"
 
 
 def _run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -166,28 +181,38 @@ def cluster_port(tmp_path_factory):
         _stop(proc)
 
 
-def test_the_readme_has_every_kind_of_block():
-    kinds = [_kind(b) for b in _blocks()]
+def _every_block() -> list[str]:
+    """The blocks of every page, README.md first."""
+    return [b for page in _pages() for b in _blocks(page)]
+
+
+def test_the_pages_have_every_kind_of_block():
+    kinds = [_kind(b) for b in _every_block()]
     assert kinds.count("standalone") >= 4
     assert kinds.count("process") == 2
     assert kinds.count("file") >= 2
-    assert any(_FILE_HEADER.match(b).group(2) for b in _blocks() if _kind(b) == "file")
+    assert any(_FILE_HEADER.match(b).group(2) for b in _every_block() if _kind(b) == "file")
+    assert [_kind(b) for b in _blocks()].count("standalone") >= 1  # the README's own example
 
 
-@pytest.mark.parametrize("index", [i for i, b in enumerate(_blocks()) if _kind(b) in ("standalone", "cluster")])
-def test_a_block_runs_as_pasted(index, tmp_path, request):
-    block = _blocks()[index]
+def test_the_site_has_runnable_blocks():
+    assert any(page.startswith("docs/") for page, _ in _runnable())
+
+
+@pytest.mark.parametrize("page,index", _runnable(), ids=[f"{p}:{i}" for p, i in _runnable()])
+def test_a_block_runs_as_pasted(page, index, tmp_path, request):
+    block = _blocks(REPO / page)[index]
     if _kind(block) == "cluster":
         block = _for_cluster(block, request.getfixturevalue("cluster_port"))
     script = tmp_path / "snippet.py"
     script.write_text(block)
-    _check(_run(script, cwd=tmp_path), block, f"README block {index}")
+    _check(_run(script, cwd=tmp_path), block, f"{page} block {index}")
 
 
 def test_the_example_project_runs_on_workers_that_lack_its_files(tmp_path, cluster_port):
     project = tmp_path / "project"
     scripts = []
-    for block in (b for b in _blocks() if _kind(b) == "file"):
+    for block in (b for b in _every_block() if _kind(b) == "file"):
         name, run = _FILE_HEADER.match(block.splitlines()[0]).groups()
         path = project / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,8 +233,7 @@ def test_the_example_project_runs_on_workers_that_lack_its_files(tmp_path, clust
 
 
 def test_process_2_reads_with_the_dataset_id_process_1_prints(tmp_path, cluster_port):
-    blocks = {_blocks()[i].splitlines()[0][:11]: _for_cluster(_blocks()[i], cluster_port)
-              for i, b in enumerate(_blocks()) if _kind(b) == "process"}
+    blocks = {b.splitlines()[0][:11]: _for_cluster(b, cluster_port) for b in _every_block() if _kind(b) == "process"}
     one, two = tmp_path / "process1.py", tmp_path / "process2.py"
     one.write_text(blocks["# process 1"])
     two.write_text(blocks["# process 2"])

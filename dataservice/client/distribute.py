@@ -645,12 +645,14 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         DATASERVICE_AUTH_TOKEN_FILE (so a training script needs no argument).
       tls_ca: PEM file of the CA that signed the cluster's certificates, for a cluster that speaks TLS
         (``dataservice.service.tls``); None reads DATASERVICE_TLS_CA; neither: plaintext.
-      tls_cert, tls_key: this client's certificate and key, for a cluster that requires them (mutual
-        TLS); None reads DATASERVICE_TLS_CERT and DATASERVICE_TLS_KEY.
-      consumer_index, num_consumers: coordinated reads: the ``num_consumers`` readers of the job
-        ``job_name`` read in strict round-robin, all from the same worker at each step (this reader is
-        ``consumer_index``). Needs ``job_name`` and a dataset not known to end (``repeat()``; an unknown
-        cardinality, as of a ``flat_map``, is accepted, as in tf.data service).
+      tls_cert: this client's certificate, for a cluster that requires one (mutual TLS); None reads
+        DATASERVICE_TLS_CERT.
+      tls_key: the key of ``tls_cert``; None reads DATASERVICE_TLS_KEY.
+      consumer_index: coordinated reads: this reader's index among ``num_consumers``.
+      num_consumers: coordinated reads: the ``num_consumers`` readers of the job ``job_name`` read in
+        strict round-robin, all from the same worker at each step. Needs ``job_name`` and a dataset not
+        known to end (``repeat()``; an unknown cardinality, as of a ``flat_map``, is accepted, as in
+        tf.data service).
       cross_trainer_cache: ``CrossTrainerCache(trainer_id)``: trainers of the job ``job_name`` share
         its elements through a sliding-window cache on each worker; each trainer sees every element
         once. Needs a dataset not known to end, iterated once per trainer (a slow trainer skips ahead
@@ -667,7 +669,8 @@ def distribute(processing_mode: ProcessingMode, service: str, job_name: Optional
         own group's turn). False (default): each element as soon as any worker has it. Either way the
         iterator's ``state_dict()`` saves the read's position and ``load_state_dict()`` resumes it: the same
         sequence (deterministic) or every element not taken before exactly once (dynamic).
-      num_readers, reader_index: elastic readers (data-parallel training, one reader per rank): with
+      reader_index: elastic readers: this reader's index among ``num_readers``.
+      num_readers: elastic readers (data-parallel training, one reader per rank): with
         ``deterministic=True`` and a ``job_name``, reader ``reader_index`` of the job's ``num_readers`` gets the
         elements ``S[i], S[i+N], S[i+2N], ...`` of the deterministic sequence ``S``; a final partial round is
         dropped, so that every reader gets the same count (``DistributedSampler(drop_last=True)``). The
