@@ -260,3 +260,51 @@ def test_process_2_reads_with_the_dataset_id_process_1_prints(tmp_path, cluster_
               for m in [re.search(r"read (\d+) elements", out)] if m]
     assert len(counts) == 2, (first.stdout, second.stdout)
     assert sum(counts) == 1_000_000, counts  # together: every element once
+
+
+# --- the cluster in three terminals ------------------------------------------------------------------------
+
+_SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
+_LISTENING = re.compile(r"^(dispatcher|worker) listening on ")
+
+
+#: The quickstarts: their cluster "in three terminals" is run as written (other pages' ```sh blocks show
+#: synopses with placeholders, certificates and hosts of a real deployment).
+QUICKSTARTS = (README, DOCS / "get-started.md")
+
+
+def _terminal_blocks() -> list[tuple[str, list[str]]]:
+    """``(page, commands)`` of each quickstart's ```sh block that starts a cluster by hand."""
+    found = []
+    for page in QUICKSTARTS:
+        for block in _SH_BLOCK.findall(page.read_text()):
+            commands = [line.split("#")[0].split() for line in block.splitlines() if line.strip().startswith("dataservice")]
+            if any(c[:2] == ["dataservice", "dispatcher"] for c in commands):
+                found.append((str(page.relative_to(REPO)), commands))
+    return found
+
+
+@pytest.mark.parametrize("page,commands", _terminal_blocks(), ids=[p for p, _ in _terminal_blocks()])
+def test_the_cluster_commands_start_a_cluster_the_pages_example_reads(page, commands, tmp_path):
+    """The page's terminal commands as written, but for their ports (0: any free one, the dispatcher's read from
+    what it prints); then the page's first cluster block reads from that cluster."""
+    procs = []
+    try:
+        port = None
+        for command in commands:
+            argv = [a.replace("localhost:5050", f"localhost:{port}") for a in command[1:]]
+            argv = ["0" if previous == "--port" else a for previous, a in zip([""] + argv, argv)]
+            proc = subprocess.Popen([sys.executable, "-m", "dataservice", *argv], cwd=tmp_path, env=_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            procs.append(proc)
+            line = _Lines(proc).next(START_TIMEOUT_S) or ""
+            assert _LISTENING.match(line), f"`{' '.join(command)}` printed {line!r}"
+            if command[1] == "dispatcher":
+                port = int(re.search(r":(\d+)\s*$", line).group(1))
+        block = next(b for b in _blocks(REPO / page) if _kind(b) == "cluster")
+        script = tmp_path / "read.py"
+        script.write_text(_for_cluster(block, port))
+        _check(_run(script, cwd=tmp_path), block, f"{page}'s cluster block, on the cluster of its terminals")
+    finally:
+        for proc in procs:
+            _stop(proc)
