@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -66,7 +67,6 @@ class Reader:
     """``count_read.py`` in a client container, its output followed line by line on a thread."""
 
     def __init__(self, project: ComposeProject, n: int, delay_ms: float, job_name: str = ""):
-        self.n = n
         self.lines: list[str] = []
         self._progress = threading.Condition()
         self.proc = subprocess.Popen(project.client_command("-c", COUNT_READ, str(n), str(delay_ms), job_name,
@@ -136,8 +136,8 @@ def dispatcher_status(token: str, check: bool = True) -> subprocess.CompletedPro
     """``dataservice status`` from the host, through the published loopback port, with ``token``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DATASERVICE_")}
     env["DATASERVICE_AUTH_TOKEN"] = token
-    return run([str(REPO / ".venv" / "bin" / "dataservice") if (REPO / ".venv" / "bin" / "dataservice").exists()
-                else "dataservice", "status", "--dispatcher", "127.0.0.1:5050", "--json"], 60, check=check, env=env)
+    return run([sys.executable, "-m", "dataservice", "status", "--dispatcher", "127.0.0.1:5050", "--json"], 60,
+               check=check, env=env)
 
 
 # --- 1. the image ------------------------------------------------------------------------------------------
