@@ -365,6 +365,36 @@ def interrupt_on_sigterm() -> None:
         pass
 
 
+def interrupt_after(timeout_s: float) -> None:
+    """SIGTERM, and ``timeout_s`` passing (SIGALRM), raise KeyboardInterrupt in the main thread, so a benchmark
+    stops the processes it started on the way out; ``signal.alarm(0)`` cancels the timeout.
+
+    Example::
+
+        >>> interrupt_after(args.timeout)
+        >>> try:
+        ...     run()
+        ... finally:
+        ...     signal.alarm(0)
+    """
+    interrupt_on_sigterm()
+
+    def on_alarm(signum, frame):
+        raise KeyboardInterrupt(f"the run took over --timeout {timeout_s:.0f} s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(int(timeout_s))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, timeout_s: float = 900.0) -> None:
+    """The flags every long benchmark run has: ``--timeout`` (see ``interrupt_after``), ``--json`` and
+    ``--keep-logs``."""
+    parser.add_argument("--timeout", type=positive_number(float), default=timeout_s,
+                        help=f"give up on the whole run after this long (default {timeout_s:.0f} s)")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--keep-logs", action="store_true")
+
+
 def positive_number(kind: Callable[[str], float]) -> Callable[[str], float]:
     """An argparse type: ``kind(text)`` (int, float), refused unless positive."""
     def parse(text: str):

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from benchmarks.peer_python import add_peer_arguments, find_peer_python
-from benchmarks.cluster_processes import (REPO, BenchmarkError, ProcessGroup, interrupt_on_sigterm, positive_number,
-                                          start_cluster, subprocess_env)
+from benchmarks.cluster_processes import (REPO, BenchmarkError, ProcessGroup, add_run_arguments, interrupt_after,
+                                          positive_number, start_cluster, subprocess_env)
 from benchmarks.image_pipeline_peers import (count_batches, make_images, measure_epochs, plain_loop,
                                              plain_loops_side_by_side, transform)
 
@@ -193,10 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", default=",".join(OUR_SYSTEMS),
                         help=f"ours to measure, comma-separated, of {', '.join(OUR_SYSTEMS)} (default: both)")
     add_peer_arguments(parser, "torch, SPDL and Grain")
-    parser.add_argument("--timeout", type=positive_number(float), default=900.0,
-                        help="give up on the whole run after this long (default 900 s)")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_run_arguments(parser)
     return parser
 
 
@@ -209,13 +206,7 @@ def main(argv: Optional[list] = None) -> int:
         import PIL  # noqa: F401 - Pillow is the benchmark's need, not dataservice's
     except ImportError:
         raise SystemExit("the image pipeline needs Pillow: pip install pillow (a benchmark-only package)") from None
-    interrupt_on_sigterm()
-
-    def on_alarm(signum, frame):
-        raise KeyboardInterrupt(f"the run took over --timeout {args.timeout:.0f} s")
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(int(args.timeout))
+    interrupt_after(args.timeout)
     directory = str(args.cache_dir / f"images-320x240-seed{args.seed}")
     started = time.monotonic()
     paths = make_images(directory, args.images, args.seed)

@@ -61,8 +61,8 @@ from typing import Any, Optional
 import dataservice as ds
 from benchmarks.peer_python import add_peer_arguments, find_peer_python
 from benchmarks.cluster_processes import (REPO, START_TIMEOUT_S, BenchmarkError, Proc, ProcessGroup,
-                                          _SERVER_LINES, _server_args, interrupt_on_sigterm, positive_number,
-                                          subprocess_env)
+                                          _SERVER_LINES, _server_args, add_run_arguments, interrupt_after,
+                                          positive_number, subprocess_env)
 from benchmarks.resumable_reads_peers import COUNT_DIR_ENV, SLOW_BY_ENV, SLOWDOWN_ENV, count_calls, time_work, work
 from dataservice.service.dispatcher_client import DispatcherClient
 
@@ -512,10 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU from the others on a shared host), sleep (it sleeps as long as it works: a "
                              "slower host), or both (default: work,sleep)")
     add_peer_arguments(parser, "torch, torchdata and grain")
-    parser.add_argument("--timeout", type=positive_number(float), default=900.0,
-                        help="give up on the whole run after this long (default 900 s)")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_run_arguments(parser)
     return parser
 
 
@@ -523,13 +520,7 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 < args.restore_at < 1:
         raise SystemExit("--restore-at must be between 0 and 1")
-    interrupt_on_sigterm()
-
-    def on_alarm(signum, frame):
-        raise KeyboardInterrupt(f"the run took over --timeout {args.timeout:.0f} s")
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(int(args.timeout))
+    interrupt_after(args.timeout)
     started = time.monotonic()
     for name in (COUNT_DIR_ENV, SLOWDOWN_ENV, SLOW_BY_ENV):
         os.environ.pop(name, None)  # this process's own work() (calibration, group time) neither counts nor slows

@@ -310,8 +310,7 @@ class _ServiceReadIterator(NodeIterator):
 
     def _groups(self) -> int:
         """The split groups of the pipeline read, when this process has it (``distribute``); else -1."""
-        dataset = self._node._dataset
-        return max(-1, _num_splits(dataset)) if dataset is not None else -1
+        return max(-1, self._node._num_groups())
 
     def save(self) -> dict:
         self._check()
@@ -517,14 +516,23 @@ class _DataServiceDataset(Dataset):
     def _split_source(self):
         raise errors.NotSplittableError(f"{self._describe()} is not splittable: it already reads from the service")
 
+    def _num_groups(self) -> int:
+        """The split groups of the pipeline ``distribute`` reads (``_num_splits``: registered with it, and
+        recorded in a saved position), derived once; -1 for ``from_dataset_id``, which has no pipeline here."""
+        if self._dataset is None:
+            return -1
+        n = self.__dict__.get("_split_group_count")
+        if n is None:
+            n = self._split_group_count = _num_splits(self._dataset)
+        return n
+
     def _registered_id(self, client: DispatcherClient) -> int:
         """The dataset's numeric id, which every RPC takes (registering the pipeline first, for ``distribute``).
         ``_dataset_id`` may be a chosen id (a str): it is resolved on every call, not kept, so that a
         dispatcher restarted without fault tolerance, where the name was registered again, is read right."""
         with self._lock:
             if self._dataset_id is None:
-                self._dataset_id = client.register_dataset(serialize_dataset(self._dataset),
-                                                           _num_splits(self._dataset))
+                self._dataset_id = client.register_dataset(serialize_dataset(self._dataset), self._num_groups())
             if isinstance(self._dataset_id, str):
                 return client.get_dataset_id(self._dataset_id)
             return self._dataset_id
