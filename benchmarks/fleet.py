@@ -9,7 +9,8 @@ asyncio loop each) and do no data work: the dispatcher is what is under test.
   the default ``--task-lists delta``, only their changes since the last answered heartbeat, with a full
   list to resynchronise: ``WorkerHeartbeatRequest.tasks_delta``), the half-interval pause when
   answered early with nothing, the short settle pause after news. Each of its distributed_epoch tasks
-  leases a split with GetSplit every ``--split-interval-ms``.
+  takes ``--split-interval-ms`` to produce a split, and asks for the next with GetSplit (``max_splits`` as
+  the real worker's, ``--max-splits``: a large fleet's answer leases several, which then take as long each).
 - A simulated reader joins one of J shared distributed_epoch jobs (GetOrCreateJob, GetOrCreateIteration),
   then sends ClientHeartbeat at the client's interval, reporting a few new offset ranges each time (and a
   split's total when it ends), as ``client/reader.py`` does.
@@ -289,6 +290,9 @@ class _Sim:
         self.channels: list = []
         self.stubs: list = []
         self.delta = spec["task_lists"] == "delta"
+        # GetSplitRequest.max_splits, where the simulator's protocol (the tree under test) has it.
+        has_field = "max_splits" in dispatcher_pb2.GetSplitRequest.DESCRIPTOR.fields_by_name
+        self._max_splits = {"max_splits": spec.get("max_splits", 1)} if has_field else {}
         self.loop_lag: list = []
 
     async def _call(self, index: int, method: str, request, timeout: float):
@@ -416,7 +420,8 @@ class _Sim:
             request_id += 1
             try:
                 response = await self._call(i, "GetSplit", self.pb.GetSplitRequest(
-                    iteration_id=task.iteration_id, task_id=task.task_id, request_id=request_id), timeout=30)
+                    iteration_id=task.iteration_id, task_id=task.task_id, request_id=request_id,
+                    **self._max_splits), timeout=30)
             except self.grpc.aio.AioRpcError as exc:
                 if exc.code() in (self.grpc.StatusCode.NOT_FOUND, self.grpc.StatusCode.CANCELLED):
                     return  # the task is gone, or we cancelled the call (task deleted)
@@ -430,7 +435,8 @@ class _Sim:
                 finished.add(task.task_id)
                 return
             if not response.wait:
-                await asyncio.sleep(period * random.uniform(0.8, 1.2))
+                leased = 1 + len(getattr(response, "more_splits", ()))  # an older dispatcher leases one
+                await asyncio.sleep(leased * period * random.uniform(0.8, 1.2))
 
     # --- readers ---
     async def reader(self, r: int) -> None:
@@ -633,6 +639,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
                     "reader_ids": list(range(s, readers, args.sim_procs)), "dataset_ids": dataset_ids,
                     "readers_per_job": per_job, "worker_interval_ms": worker_interval_ms,
                     "client_interval_s": client_interval_s, "split_interval_s": args.split_interval_ms / 1000,
+                    "max_splits": args.max_splits,
                     "task_lists": args.task_lists, "channels": args.channels, "seed": args.seed * 1000 + s,
                     "status_poller": s == 0}
             spec_path, out_path = work / f"sim{s}.json", work / f"sim{s}.out.json"
@@ -922,6 +929,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split-interval-ms", type=int, default=2000,
                         help="each simulated task leases a split this often (default 2000: a 4,096-element split "
                              "at about 2,000 elements/s, an image pipeline's pace per worker)")
+    parser.add_argument("--max-splits", type=int, default=8,
+                        help="splits a simulated task takes in one GetSplit answer, as the real worker's "
+                             "MAX_SPLITS_PER_REQUEST (default 8; an older tree's protocol has no such field: one)")
     parser.add_argument("--dispatcher-src", metavar="DIR", default=None,
                         help="run the dispatcher, real workers and real reader from this source tree")
     parser.add_argument("--sim-procs", type=int, default=2, help="simulator processes (default 2)")

@@ -39,6 +39,10 @@ def test_a_poll_is_spread_longer_at_random_never_shorter_nor_past_the_budget():
     assert fleet_intervals.worker_poll_s(1.0, 10, worker_timeout_ms=10_000, spread=1.0) == 1.0 + spread
     workers = 4 * fleet_intervals.WORKER_POLLS_PER_S
     assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=10_000, spread=0.5) == 4.0 * (1 + spread / 2)
-    assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=8_000, spread=1.0) == 4.0  # half of 8 s
+    assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=8_000, spread=0.0) == 4.0  # half of 8 s
+    # At that cap the spread goes below it: polls all held to the cap would end together.
+    assert fleet_intervals.worker_poll_s(1.0, workers, worker_timeout_ms=8_000, spread=1.0) == 4.0 * (1 - spread / 2)
+    assert fleet_intervals.worker_poll_s(3.9, workers, worker_timeout_ms=8_000, spread=1.0) == 3.9  # what it asked
+    assert fleet_intervals.worker_poll_s(9.0, workers, worker_timeout_ms=8_000, spread=1.0) == 4.0  # however long
     assert heartbeat_wait_s(dispatcher_pb2.WorkerHeartbeatRequest(wait_ms=1000), DispatcherConfig(), 1, 1.0) == \
         1.0 + spread

@@ -164,7 +164,7 @@ def test_a_200_element_batched_dataset_gives_both_workers_splits(deterministic, 
             # finished iteration's tasks may be gone).
             core = cluster.dispatcher.core
             with core._cond:
-                leased = {task.worker_address for task in core.state.tasks.values() if task.last_split >= 0}
+                leased = {task.worker_address for task in core.state.tasks.values() if task.last_splits}
             return [first] + [np.asarray(b) for b in it], leased
 
         batches, assigned = run_with_deadline(read, READ_TIMEOUT_S)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import queue
 import random
 import threading
@@ -162,6 +163,19 @@ class _Credits:
             before = self.read_ahead.limit
             if self.read_ahead.waited(time.monotonic()) > before:
                 self._cond.notify_all()
+
+
+def report_pause_s(sent_at: float, now: float) -> float:
+    """How long a reader woken at ``now`` (monotonic) by a split end waits before it reports, its last
+    heartbeat having been sent at ``sent_at``: no more than ``MAX_HEARTBEATS_PER_S`` heartbeats a second,
+    counted from the last one, so that a split end after a quiet while (an epoch's last) is reported at once.
+
+    Example::
+
+        >>> report_pause_s(10.0, 12.0), round(report_pause_s(10.0, 10.005), 3)
+        (0.0, 0.015)
+    """
+    return max(0.0, sent_at + 1 / MAX_HEARTBEATS_PER_S - now)
 
 
 class IterationReader:
@@ -503,8 +517,10 @@ class IterationReader:
 
     def _heartbeat_loop(self) -> None:
         interval = 0.02  # poll fast until the first tasks show up
+        sent = -math.inf  # when the last heartbeat was sent (monotonic)
         while not self._stop.is_set():
             progress, stopped = self._progress_report()
+            sent = time.monotonic()
             try:
                 response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key,
                                                              stats=self._stats_report(), tasks=self._known_tasks)
@@ -559,9 +575,11 @@ class IterationReader:
                 continue  # confirm the revocation, or report the last progress, at once
             interval = self._heartbeat_interval(response, interval)
             if self._wake.wait(interval):
-                # Woken by a split end or a finished task: report soon, but not more than
-                # MAX_HEARTBEATS_PER_S times a second however fast splits end.
-                self._stop.wait(1 / MAX_HEARTBEATS_PER_S)
+                # Woken by a split end or a finished task: report now, but not more than MAX_HEARTBEATS_PER_S
+                # times a second however fast splits end. The pace counts from the last heartbeat, not from
+                # the wake: the epoch's last split end, after a quiet while, is reported at once (the
+                # dispatcher ends the iteration, and tells its workers, when it hears of it).
+                self._stop.wait(report_pause_s(sent, time.monotonic()))
             self._wake.clear()
 
     def _heartbeat_interval(self, response: dispatcher_pb2.ClientHeartbeatResponse, interval: float) -> float:

@@ -1217,9 +1217,10 @@ class DispatcherCore:
     # --- splits -------------------------------------------------------------------
     def get_split(self, req: dispatcher_pb2.GetSplitRequest, may_wait: bool = True) -> dispatcher_pb2.GetSplitResponse:
         """Leases a split to a task: a revoked one first (with the offsets clients hold), else
-        the next new one. When none is free but leased ones may still come back, the call
-        waits a little (long poll; not with ``may_wait=False``: the asyncio server waits on
-        ``wakeups`` instead) and then tells the task to ask again."""
+        the next new one, or several for a large fleet (``fleet_intervals.splits_per_lease``). When
+        none is free but leased ones may still come back, the call waits a little (long poll; not with
+        ``may_wait=False``: the asyncio server waits on ``wakeups`` instead) and then tells the task to
+        ask again."""
         deadline = time.monotonic() + (SPLIT_WAIT_S if may_wait else 0.0)
         with self._cond:
             state = self.state
@@ -1230,12 +1231,10 @@ class DispatcherCore:
             if task is None or task.iteration_id != req.iteration_id:
                 raise errors.NotFoundError(f"task {req.task_id} is not part of iteration {req.iteration_id}")
             num_splits = state.dataset_of_iteration(req.iteration_id).num_splits
-            if req.request_id and req.request_id == task.last_request_id:
+            if req.request_id and req.request_id == task.last_request_id and task.last_splits:
                 # A retry: the answer was lost (say, the dispatcher died after journaling it).
-                # The same split again, or it would stay leased to this task and never be produced.
-                held = _held_ranges(iteration, (task.stream_id, task.last_split))
-                return dispatcher_pb2.GetSplitResponse(split_index=task.last_split, skip_ranges=held,
-                                                       **self._seek(iteration, task.last_split))
+                # The same splits again, or they would stay leased to this task and never be produced.
+                return self._split_answer(iteration, task.stream_id, task.last_splits)
             while True:
                 if iteration.finished or task.revoked:
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
@@ -1248,17 +1247,18 @@ class DispatcherCore:
                         return dispatcher_pb2.GetSplitResponse(split_index=key[1],
                                                                skip_ranges=_held_ranges(iteration, key),
                                                                **self._seek(iteration, key[1]))
-                split = iteration.next_split
-                while (0, split) in iteration.done:  # a restored read's groups taken before its state was saved
-                    split += 1
+                split = _next_new_split(iteration, iteration.next_split)
                 if num_splits == INFINITE or split < num_splits:
-                    self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
-                        iteration_id=req.iteration_id, task_id=req.task_id, split_index=split,
-                        request_id=req.request_id)))
+                    count = self._splits_per_lease(req, iteration, num_splits, split)
+                    leased: list[int] = []
+                    while len(leased) < count and (num_splits == INFINITE or split < num_splits):
+                        self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
+                            iteration_id=req.iteration_id, task_id=req.task_id, split_index=split,
+                            request_id=req.request_id)))
+                        leased.append(split)
+                        split = _next_new_split(iteration, split + 1)
                     # A restored read's group taken in part is produced without what was taken of it.
-                    return dispatcher_pb2.GetSplitResponse(split_index=split,
-                                                           skip_ranges=_held_ranges(iteration, (0, split)),
-                                                           **self._seek(iteration, split))
+                    return self._split_answer(iteration, 0, leased)
                 if not iteration.leases and not iteration.pending:
                     self._maybe_finish_iteration(iteration.iteration_id)
                     return dispatcher_pb2.GetSplitResponse(end_of_splits=True)
@@ -1267,6 +1267,29 @@ class DispatcherCore:
                     return dispatcher_pb2.GetSplitResponse(wait=True)
                 with self._long_poll():
                     self._wait(state, remaining)
+
+    def _splits_per_lease(self, req: dispatcher_pb2.GetSplitRequest, iteration, num_splits: int,
+                          first: int) -> int:
+        """How many new splits, from ``first`` on, this GetSplit leases (``fleet_intervals.splits_per_lease``):
+        one for a task that asks no more, and for a deterministic read, whose readers wait for the groups in
+        order (one queued behind another on a worker would hold the order up)."""
+        if req.max_splits <= 1:
+            return 1
+        job = self.state.jobs[iteration.job_id]
+        if job.deterministic or job.num_readers:
+            return 1
+        left = None if num_splits == INFINITE else num_splits - first
+        return fleet_intervals.splits_per_lease(req.max_splits, len(self.state.workers), left, len(iteration.tasks))
+
+    def _split_answer(self, iteration, stream: int, splits) -> dispatcher_pb2.GetSplitResponse:
+        """A GetSplit answer leasing ``splits`` (of stream ``stream``), each with the offsets clients hold of it
+        and, for a restored read's group taken in part, where its worker seeks to."""
+        first, *more = splits
+        return dispatcher_pb2.GetSplitResponse(
+            split_index=first, skip_ranges=_held_ranges(iteration, (stream, first)), **self._seek(iteration, first),
+            more_splits=[dispatcher_pb2.LeasedSplit(split_index=split,
+                                                    skip_ranges=_held_ranges(iteration, (stream, split)),
+                                                    **self._seek(iteration, split)) for split in more])
 
     def _seek(self, iteration, group: int) -> dict:
         """A restored read's first iteration: where the worker of a group taken in part seeks to."""
@@ -1683,6 +1706,14 @@ def _progress_pieces(progress: list) -> list[list]:
             if last:
                 break
     return [piece for piece in pieces if piece]
+
+
+def _next_new_split(iteration, split: int) -> int:
+    """The first split from ``split`` on that is not done: a restored read's groups taken before its state
+    was saved are done from the start."""
+    while (0, split) in iteration.done:
+        split += 1
+    return split
 
 
 def _held_ranges(iteration, key: tuple) -> list[int]:

@@ -11,6 +11,16 @@ poll is held at most half of ``worker_timeout_ms`` (it is seen at the start of e
 A worker's poll is held a little longer than that, by a random spread of up to ``POLL_SPREAD``: a new
 job answers every worker's poll at once, and without the spread their next polls would all end in the
 same instant forever after (500 workers: a 170 ms burst every interval, and the last answers that late).
+Where that would pass the failure-detection budget (2,000 workers: every poll held the budget's 5 s), the
+spread goes below it instead, by up to half of ``POLL_SPREAD``: polls held to one cap would end together.
+
+A task asks for its splits one GetSplit at a time, so a fleet's splits cost the dispatcher a call each: 2,000
+workers with a task in each of two jobs, each task through a split every 2 s, are 2,000 calls a second. Past
+``SPLIT_LEASE_WORKERS`` workers one answer leases several splits (``splits_per_lease``), up to what the task
+asks (``GetSplitRequest.max_splits``) and ``MAX_SPLITS_PER_LEASE``, but only while every task of the
+iteration could still get as many: the epoch's end is shared out one split at a time, so no worker holds
+splits it has not begun while another has none. A deterministic read (and elastic readers, which share its
+order) takes one at a time, so that the group its readers wait for is never queued behind others.
 
 What stretching costs: news still arrives at once (a long poll is answered as soon as there is some;
 a reader's heartbeat is sent early when a split ends), and a dead worker or reader is still noticed
@@ -25,11 +35,21 @@ Example::
     5.0
     >>> worker_poll_s(asked_s=1.0, workers=10, worker_timeout_ms=10_000, spread=0.5)
     1.25
+    >>> splits_per_lease(asked=8, workers=2_000, splits_left=None, tasks=2_000)   # an infinite dataset
+    8
+    >>> splits_per_lease(asked=8, workers=2_000, splits_left=5_000, tasks=2_000)  # near the epoch's end
+    2
+    >>> splits_per_lease(asked=8, workers=100, splits_left=None, tasks=100)       # a small cluster
+    1
 """
 
 from __future__ import annotations
 
-__all__ = ["client_heartbeat_s", "worker_poll_s", "CLIENT_HEARTBEATS_PER_S", "WORKER_POLLS_PER_S", "POLL_SPREAD"]
+import math
+from typing import Optional
+
+__all__ = ["client_heartbeat_s", "worker_poll_s", "splits_per_lease", "CLIENT_HEARTBEATS_PER_S", "WORKER_POLLS_PER_S",
+           "POLL_SPREAD", "SPLIT_LEASE_WORKERS", "MAX_SPLITS_PER_LEASE"]
 
 #: Reader heartbeats a second the dispatcher aims at in all, once its readers are many (each costs it
 #: about 0.3 ms of CPU, most of it gRPC's own: see README "Capacity").
@@ -39,6 +59,10 @@ WORKER_POLLS_PER_S = 125
 #: A held poll lasts up to this fraction longer than its stretched wait, at random (never shorter than
 #: what the worker asked, never past half of ``worker_timeout_ms``).
 POLL_SPREAD = 0.5
+#: One more split per GetSplit answer for every this many registered workers (up to 250: one split a call).
+SPLIT_LEASE_WORKERS = 250
+#: The most splits one GetSplit answer leases.
+MAX_SPLITS_PER_LEASE = 8
 
 
 def client_heartbeat_s(readers: int, client_timeout_ms: int) -> float:
@@ -52,7 +76,20 @@ def client_heartbeat_s(readers: int, client_timeout_ms: int) -> float:
 def worker_poll_s(asked_s: float, workers: int, worker_timeout_ms: int, spread: float = 0.0) -> float:
     """How long a worker's heartbeat waits for news: what it asked, stretched to keep ``workers`` at
     ``WORKER_POLLS_PER_S`` in all, ``spread`` (0 to 1, random per poll) times ``POLL_SPREAD`` longer,
-    and never past half of ``worker_timeout_ms`` (nor 60 s)."""
+    and never past half of ``worker_timeout_ms`` (nor 60 s): past it, ``spread`` times half of
+    ``POLL_SPREAD`` shorter than that half instead (but not shorter than what the worker asked)."""
     half = min(worker_timeout_ms / 2000, 60.0)
     stretched = max(asked_s, workers / WORKER_POLLS_PER_S) * (1.0 + POLL_SPREAD * spread)
-    return max(0.0, min(stretched, half))
+    if stretched > half:
+        stretched = max(min(asked_s, half), half * (1.0 - POLL_SPREAD / 2 * spread))
+    return max(0.0, stretched)
+
+
+def splits_per_lease(asked: int, workers: int, splits_left: Optional[int], tasks: int) -> int:
+    """How many new splits one GetSplit answer leases: one per ``SPLIT_LEASE_WORKERS`` registered ``workers``
+    (rounded up), at most what the task ``asked`` for (0: one) and ``MAX_SPLITS_PER_LEASE``, and no more than
+    each of the iteration's ``tasks`` could still take of the ``splits_left`` (None: an infinite dataset)."""
+    count = min(max(1, asked), MAX_SPLITS_PER_LEASE, max(1, math.ceil(workers / SPLIT_LEASE_WORKERS)))
+    if splits_left is not None:
+        count = min(count, max(1, splits_left // max(1, tasks)))
+    return count

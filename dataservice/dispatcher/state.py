@@ -157,8 +157,8 @@ class TaskInfo:
     stream_id: int = 0
     finished: bool = False
     revoked: bool = False
-    last_request_id: int = 0   # its last GetSplit request, and the split that answered it
-    last_split: int = -1
+    last_request_id: int = 0   # its last GetSplit request, and the splits that answered it (in order)
+    last_splits: tuple = ()
     starting_round: int = 0    # coordinated reads: the first round it serves (CreateTaskUpdate)
     worker_index: int = 0      # static sharding: the shard it produces (CreateTaskUpdate)
 
@@ -379,7 +379,10 @@ class DispatcherState:
         if task.iteration_id != u.iteration_id:
             raise StateUpdateError(f"{what}: task {u.task_id} belongs to iteration {task.iteration_id}, "
                                    f"not {u.iteration_id}")
-        task.last_request_id, task.last_split = u.request_id, u.split_index
+        if u.request_id and u.request_id == task.last_request_id and not u.reassigned:
+            task.last_splits += (u.split_index,)  # another split of the same answer (GetSplitRequest.max_splits)
+        else:
+            task.last_request_id, task.last_splits = u.request_id, (u.split_index,)
         key = (task.stream_id, u.split_index)
         iteration.leases[key] = u.task_id
         if u.reassigned:
@@ -561,9 +564,14 @@ class DispatcherState:
         iteration.totals = {(p.stream_id, p.split_index): p.total for p in u.progress if p.total >= 0}
         iteration.done = set(zip(u.done[0::2], u.done[1::2]))
         iteration.claimed_readers = set(u.claimed_readers)
+        answered: set = set()  # the tasks whose last answer this snapshot has begun to list
         for last in u.last_assignments:
             task = self.tasks[last.task_id]
-            task.last_request_id, task.last_split = last.request_id, last.split_index
+            if last.task_id in answered:
+                task.last_splits += (last.split_index,)
+            else:
+                answered.add(last.task_id)
+                task.last_request_id, task.last_splits = last.request_id, (last.split_index,)
 
     # --- checkpoints --------------------------------------------------------------
     def to_updates(self) -> list[state_pb2.Update]:
@@ -644,9 +652,9 @@ class DispatcherState:
                 + [state_pb2.SplitProgress(stream_id=k[0], split_index=k[1], total=n)
                    for k, n in sorted(it.totals.items()) if k not in it.progress],
                 done=done, state=_STATE_NUMBERS[it.state],
-                last_assignments=[Lease(stream_id=self.tasks[t].stream_id, split_index=self.tasks[t].last_split,
+                last_assignments=[Lease(stream_id=self.tasks[t].stream_id, split_index=split,
                                         task_id=t, request_id=self.tasks[t].last_request_id)
-                                  for t in it.tasks if self.tasks[t].last_split >= 0],
+                                  for t in it.tasks for split in self.tasks[t].last_splits],
                 claimed_readers=sorted(it.claimed_readers))))
             # Elastic readers' own holdings, as they reported them (applied after the snapshot: progress only grows).
             for key, readers in sorted(it.reader_progress.items()):

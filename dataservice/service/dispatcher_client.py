@@ -145,6 +145,10 @@ class DispatcherClient:
         (``DATASERVICE_AUTH_TOKEN[_FILE]``, ``DATASERVICE_TLS_CA``, ...): for tools beside a training script."""
         return cls(address, timeout_ms=timeout_ms, auth=ClusterAuth.resolve(None), tls=TlsSettings.resolve())
 
+    def _stopping(self) -> bool:
+        """Whether calls should give up: this client was closed, or its owner stops."""
+        return self._closed or (self._should_stop is not None and self._should_stop())
+
     def close(self) -> None:
         """Closes the channel; a call in flight (say a heartbeat's long poll) raises ServiceUnavailableError.
         Idempotent: a second close (say, by a generator finalized at interpreter exit, when grpc's
@@ -174,8 +178,11 @@ class DispatcherClient:
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         try:
-            response = call_with_retry(call, what, timeout_s, self._should_stop,
-                                       diagnose=lambda exc: self._diagnose(exc, name, deadline, noticed))
+            # CANCELLED while this client is open came from the dispatcher, stopping with the call in flight
+            # (a restart): retried as UNAVAILABLE is, so that a reader or a worker carries on.
+            response = call_with_retry(call, what, timeout_s, self._stopping,
+                                       diagnose=lambda exc: self._diagnose(exc, name, deadline, noticed),
+                                       cancelled_is_transient=True)
         except errors.ServiceUnavailableError as exc:
             if not str(exc).startswith(what):  # a verdict of _probe's, which says it all
                 raise
@@ -262,9 +269,10 @@ class DispatcherClient:
         return self._call("WorkerHeartbeat", request, timeout_s=timeout_s,
                           per_call_s=request.wait_ms / 1000 + 10.0)
 
-    def get_split(self, iteration_id: int, task_id: int, request_id: int = 0) -> dispatcher_pb2.GetSplitResponse:
+    def get_split(self, iteration_id: int, task_id: int, request_id: int = 0,
+                  max_splits: int = 1) -> dispatcher_pb2.GetSplitResponse:
         return self._call("GetSplit", dispatcher_pb2.GetSplitRequest(iteration_id=iteration_id, task_id=task_id,
-                                                                     request_id=request_id))
+                                                                     request_id=request_id, max_splits=max_splits))
 
     def get_status(self, timeout_s: Optional[float] = None) -> dispatcher_pb2.GetStatusResponse:
         return self._call("GetStatus", dispatcher_pb2.GetStatusRequest(), timeout_s=timeout_s)

@@ -356,9 +356,13 @@ def translate(exc: grpc.RpcError, what: str, tried_s: Optional[float] = None) ->
 
 def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
                     should_stop: Optional[Callable[[], bool]] = None,
-                    diagnose: Optional[Callable[[grpc.RpcError], Optional[Exception]]] = None) -> T:
+                    diagnose: Optional[Callable[[grpc.RpcError], Optional[Exception]]] = None,
+                    cancelled_is_transient: bool = False) -> T:
     """Calls ``fn(per_call_timeout_s)`` until it succeeds, retrying UNAVAILABLE with
-    jittered backoff for up to ``timeout_s`` in all.
+    jittered backoff for up to ``timeout_s`` in all. With ``cancelled_is_transient``, CANCELLED
+    too, unless ``should_stop`` says the caller stopped: a caller that did not cancel the call
+    itself (by closing its channel) was cancelled by the server, as a server that stops does
+    to the calls in flight; the server that comes back answers the retry.
 
     Other failures are translated and raised at once; the last UNAVAILABLE is
     raised as ServiceUnavailableError when the time is up, saying how long it was tried.
@@ -384,7 +388,8 @@ def call_with_retry(fn: Callable[[float], T], what: str, timeout_s: float,
             diagnosis = diagnose(exc) if diagnose is not None and not stopping else None
             if diagnosis is not None:
                 raise diagnosis from GrpcFailure(exc)
-            retryable = exc.code() in RETRYABLE_CODES
+            retryable = exc.code() in RETRYABLE_CODES or (
+                cancelled_is_transient and exc.code() == grpc.StatusCode.CANCELLED)
             if not retryable or stopping or time.monotonic() >= deadline:
                 raise translate(exc, what, time.monotonic() - start if retryable else None) from GrpcFailure(exc)
             last = exc

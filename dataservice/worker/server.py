@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 import uuid
@@ -60,10 +61,27 @@ log = logging.getLogger("dataservice.worker")
 DATASETS_CACHED = 64
 #: How long ``start()`` waits for the first heartbeat before carrying on in the background.
 FIRST_HEARTBEAT_WAIT_S = 5.0
-#: After an answer with news, how long the next heartbeat waits: iterations created in a burst
-#: then arrive together rather than one heartbeat each (a full-list heartbeat, after a resync, lists
-#: all our tasks: one per task would cost the dispatcher time quadratic in the burst).
+#: After two answers with news in a row (within this time of each other), how long the next heartbeat
+#: waits: iterations created in a burst then arrive together rather than one heartbeat each (a full-list
+#: heartbeat, after a resync, lists all our tasks: one per task would cost the dispatcher time quadratic
+#: in the burst). A lone piece of news is followed by a poll at once: an epoch's end (its tasks deleted)
+#: is followed by the next epoch's tasks, which would otherwise wait out the pause.
 NEWS_COALESCE_S = 0.02
+
+
+def news_pause_s(now: float, last_news_at: float) -> float:
+    """How long a worker waits before its next heartbeat, after an answer with news at ``now`` (monotonic);
+    the answer before with news came at ``last_news_at`` (after the pause that followed it, if any).
+
+    A lone piece of news (an epoch's end, the next epoch's tasks) is followed by a poll at once; news again
+    within ``NEWS_COALESCE_S`` is a burst, and the worker lets the rest of it gather.
+
+    Example::
+
+        >>> news_pause_s(100.0, 50.0), news_pause_s(100.0, 99.995)
+        (0.0, 0.02)
+    """
+    return NEWS_COALESCE_S if now - last_news_at < NEWS_COALESCE_S else 0.0
 
 
 class _UnloadablePipeline:
@@ -426,6 +444,7 @@ class WorkerServer:
         last_failure = ""
         registered = False
         self._unreachable_said = False
+        news_at = -math.inf  # when the last answer with news came (monotonic)
         while not self._stopped.is_set():
             try:
                 sent = time.monotonic()
@@ -481,7 +500,8 @@ class WorkerServer:
             asked_ms = wait_ms
             wait_ms = self._config.heartbeat_interval_ms
             if response.new_tasks or response.tasks_to_delete:
-                self._stopped.wait(NEWS_COALESCE_S)
+                self._stopped.wait(news_pause_s(time.monotonic(), news_at))
+                news_at = time.monotonic()  # after the pause: news at once after it is the burst going on
             else:
                 # Answered early without news: a dispatcher of an older version, on a thread-per-call server,
                 # had no long-poll slot free (ours wait on asyncio: dispatcher/long_polls.py). Pause here rather

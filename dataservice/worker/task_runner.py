@@ -54,6 +54,9 @@ log = logging.getLogger("dataservice.worker")
 CREDIT_BYTES = 64 * 1024
 #: The least time between two GetSplit calls of a task told to wait (the dispatcher's SPLIT_WAIT_S).
 SPLIT_RETRY_S = 1.0
+#: The most splits a task takes in one GetSplit answer; the dispatcher gives several only to a large fleet
+#: (``dispatcher/fleet_intervals.splits_per_lease``), which then answers a fraction of the calls.
+MAX_SPLITS_PER_REQUEST = 8
 #: Marks the end of a split in a task's buffer (and in a cross-trainer cache's window).
 SPLIT_END = _SPLIT_END = object()
 #: Elements a task buffers ahead of its readers, at most.
@@ -274,7 +277,8 @@ class TaskRunner:
                 while not self._stop.is_set():
                     request_id += 1  # retries inside get_split repeat it: see DispatcherCore.get_split
                     asked = time.monotonic()
-                    response = self._dispatcher.get_split(self.task_def.iteration_id, self.task_id, request_id)
+                    response = self._dispatcher.get_split(self.task_def.iteration_id, self.task_id, request_id,
+                                                          max_splits=MAX_SPLITS_PER_REQUEST)
                     if response.end_of_splits:
                         break
                     if response.wait:
@@ -282,10 +286,13 @@ class TaskRunner:
                         # no long-poll slot free did not): wait here too, so as not to ask again at once.
                         self._stop.wait(max(0.0, SPLIT_RETRY_S - (time.monotonic() - asked)))
                         continue
-                    group = response.split_index
-                    seek = (response.seek_offset, response.seek_state) if response.seek_state else None
-                    self._run_split(0, group, OffsetSet.from_flat(response.skip_ranges),
-                                    iter(groups.splits(group) if groups is not None else (group,)), seek)
+                    for leased in (response, *response.more_splits):  # in the order leased
+                        if self._stop.is_set():
+                            break  # the dispatcher takes back what a stopped task leased (revoked, or ended)
+                        group = leased.split_index
+                        seek = (leased.seek_offset, leased.seek_state) if leased.seek_state else None
+                        self._run_split(0, group, OffsetSet.from_flat(leased.skip_ranges),
+                                        iter(groups.splits(group) if groups is not None else (group,)), seek)
             else:
                 self._run_split(self.task_def.stream_id, 0, OffsetSet.from_flat(self.task_def.skip_ranges), None)
         except BaseException as exc:  # reported to readers; the worker carries on

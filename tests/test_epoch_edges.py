@@ -1,0 +1,68 @@
+"""An epoch's edges (issue 28): what the worker and the reader wait for between two epochs.
+
+A worker polls again at once after a lone piece of news (an epoch's tasks deleted, the next one's tasks), and
+pauses only inside a burst of news; a reader reports a split end at once unless it sent a heartbeat within
+``1 / MAX_HEARTBEATS_PER_S``. Both pauses are pure functions of two times, tested here without a network; the
+cluster test reads epochs back to back, the path both serve, each exactly once.
+
+Example::
+
+    >>> news_pause_s(now=100.0, last_news_at=50.0)
+    0.0
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dataservice import Dataset, distribute
+from dataservice.client.reader import MAX_HEARTBEATS_PER_S, report_pause_s
+from dataservice.worker.server import NEWS_COALESCE_S, news_pause_s
+from tests.cluster import TestCluster, run_with_deadline
+
+
+def test_a_lone_piece_of_news_is_followed_by_a_poll_at_once():
+    assert news_pause_s(now=10.0, last_news_at=-math.inf) == 0.0  # the worker's first news
+    assert news_pause_s(now=10.0, last_news_at=10.0 - 2 * NEWS_COALESCE_S) == 0.0  # an epoch's end, after its start
+
+
+def test_news_inside_a_burst_waits_for_the_rest_of_it():
+    assert news_pause_s(now=10.0, last_news_at=10.0 - NEWS_COALESCE_S / 4) == NEWS_COALESCE_S
+
+
+def test_a_sustained_burst_pauses_after_every_answer_but_the_first():
+    """As the worker's loop uses it: ``last_news_at`` is taken after the pause, so an answer that comes at
+    once after a pause (news was waiting) is still inside the burst."""
+    rpc_s = 0.001
+    now, last, pauses = 0.0, -math.inf, []
+    for _ in range(6):
+        pause = news_pause_s(now, last)
+        pauses.append(pause)
+        last = now + pause
+        now = last + rpc_s  # the next answer: news was waiting
+    assert pauses == [0.0] + [NEWS_COALESCE_S] * 5
+
+
+def test_a_split_end_after_a_quiet_while_is_reported_at_once():
+    assert report_pause_s(sent_at=5.0, now=6.0) == 0.0
+
+
+def test_split_ends_in_quick_succession_are_reported_at_the_capped_rate():
+    pace = 1 / MAX_HEARTBEATS_PER_S
+    assert math.isclose(report_pause_s(sent_at=5.0, now=5.0 + pace / 4), pace * 3 / 4)
+    assert report_pause_s(sent_at=5.0, now=5.0 + pace) == 0.0
+
+
+def test_epochs_read_back_to_back_deliver_every_element_once():
+    """Ten epochs, each a new iteration: each starts on the workers that just ended the one before."""
+    with TestCluster(num_workers=2) as cluster:
+        ds = Dataset.from_tensor_slices(np.arange(100)).map(lambda x: x * 2).batch(8) \
+            .apply(distribute("distributed_epoch", cluster.target))
+
+        def epochs():
+            return [sorted(int(v) for batch in ds for v in np.asarray(batch).ravel()) for _ in range(10)]
+
+        for epoch in run_with_deadline(epochs, 120.0):
+            assert epoch == list(range(0, 200, 2))
