@@ -52,7 +52,7 @@ __all__ = ["client_heartbeat_s", "worker_poll_s", "splits_per_lease", "CLIENT_HE
            "POLL_SPREAD", "SPLIT_LEASE_WORKERS", "MAX_SPLITS_PER_LEASE"]
 
 #: Reader heartbeats a second the dispatcher aims at in all, once its readers are many (each costs it
-#: about 0.3 ms of CPU, most of it gRPC's own: see README "Capacity").
+#: about 0.3 ms of CPU, most of it gRPC's own: see docs/how-to/capacity.md).
 CLIENT_HEARTBEATS_PER_S = 250
 #: Worker heartbeat polls a second the dispatcher aims at in all, once its workers are many.
 WORKER_POLLS_PER_S = 125
