@@ -167,3 +167,19 @@ def test_epochs_after_a_restore_are_read_by_the_restored_readers_together(three_
     assert collections.Counter(collections.Counter(taken).values()) == {3: 498, 2: 1, 1: 1}
     for i, (part, _) in enumerate(rest):
         assert part[133:] == list(range(i, 498, 3))  # epoch 3: a whole epoch of the restored job
+
+
+def test_readers_restoring_one_step_share_a_job_whatever_marks_their_states_hold(three_workers):
+    """Each reader keeps the marks its own fetchers received, so states saved at one step may name another
+    place for a group's worker to start, or none. They name one position, so they restore one job."""
+    base = Dataset.range(2_000)
+    first = read_all([pipeline(three_workers, 2, i, "marks", base) for i in range(2)], steps=350)  # position 700
+    states = [state for _, state in first]
+    with_seek = next((s for s in states if s["position"]["seeks"]), None)
+    assert with_seek is not None, "no reader holds a mark of the group taken in part"
+    bare = json.loads(json.dumps(with_seek))
+    bare["position"]["seeks"] = []  # what a reader that received no mark of it saves
+    rest = read_all([pipeline(three_workers, 2, i, "marks", base) for i in range(2)], states=[with_seek, bare])
+    assert not any(isinstance(r, Exception) for r in rest), rest
+    taken = [x for part, _ in first + rest for x in part]
+    assert sorted(taken) == list(range(2_000))

@@ -76,16 +76,26 @@ class JobKey(NamedTuple):
 
 
 def resume_digest(resume: Optional[state_pb2.ResumePoint]) -> str:
-    """A short digest of a restored read's start (``ResumePoint``); "" for None.
+    """A short digest of a restored read's start (``ResumePoint``), its seeks left out; "" for None.
 
     Example::
 
         >>> resume_digest(None), len(resume_digest(state_pb2.ResumePoint(done_groups=[0, 4])))
         ('', 16)
+        >>> seek = state_pb2.GroupSeek(group=0, offset=64, state=b"{}")
+        >>> with_seek = state_pb2.ResumePoint(position=100, seeks=[seek])
+        >>> resume_digest(with_seek) == resume_digest(state_pb2.ResumePoint(position=100))
+        True
     """
     if resume is None:
         return ""
-    return hashlib.sha256(resume.SerializeToString(deterministic=True)).hexdigest()[:16]
+    # Without the seeks: readers saving at one step may hold different marks of a group taken in part (each
+    # keeps the marks its own fetchers received), and any of them is a valid place for the group's worker to
+    # start; they restore one position, so they share one job (its seeks are its first reader's).
+    point = state_pb2.ResumePoint()
+    point.CopyFrom(resume)
+    del point.seeks[:]
+    return hashlib.sha256(point.SerializeToString(deterministic=True)).hexdigest()[:16]
 
 
 @dataclasses.dataclass
