@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import queue
 import random
 import threading
@@ -517,10 +516,9 @@ class IterationReader:
 
     def _heartbeat_loop(self) -> None:
         interval = 0.02  # poll fast until the first tasks show up
-        sent = -math.inf  # when the last heartbeat was sent (monotonic)
         while not self._stop.is_set():
             progress, stopped = self._progress_report()
-            sent = time.monotonic()
+            sent = time.monotonic()  # the pace after a wake counts from here (report_pause_s)
             try:
                 response = self._dispatcher.client_heartbeat(self.client_id, progress, stopped, self._read_key,
                                                              stats=self._stats_report(), tasks=self._known_tasks)

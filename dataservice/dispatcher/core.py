@@ -1244,9 +1244,7 @@ class DispatcherCore:
                             iteration_id=req.iteration_id, task_id=req.task_id, split_index=key[1],
                             reassigned=True, request_id=req.request_id)))
                         self._event("reassign_split", split=key[1], task_id=req.task_id, from_task=revoked_task)
-                        return dispatcher_pb2.GetSplitResponse(split_index=key[1],
-                                                               skip_ranges=_held_ranges(iteration, key),
-                                                               **self._seek(iteration, key[1]))
+                        return self._split_answer(iteration, key[0], [key[1]])
                 split = _next_new_split(iteration, iteration.next_split)
                 if num_splits == INFINITE or split < num_splits:
                     count = self._splits_per_lease(req, iteration, num_splits, split)
