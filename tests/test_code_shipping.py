@@ -99,6 +99,24 @@ def test_installed_top_level_names_are_those_importlib_finds():
     assert code_shipping._installed_top_levels.__wrapped__() == frozenset(importlib.metadata.packages_distributions())
 
 
+def test_record_rows_are_read_by_their_path_whether_quoted_or_not(tmp_path):
+    # The fast path finds ".py," in an unquoted RECORD; a quoted path (a comma in a file name) goes
+    # through the csv module. Both give a package's first part and a module's name.
+    import importlib.metadata
+
+    def tops(record: str) -> set:
+        info = tmp_path / "lib-0.1.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "RECORD").write_text(record)
+        return set(code_shipping._top_level_names(importlib.metadata.PathDistribution(info)))
+
+    plain = ("pkg/__init__.py,sha256=abc,6\r\nmod.py,,\npkg/icons/a.svg,sha256=def,9\n"
+             "pkg/__pycache__/x.cpython-311.pyc,,\nlib-0.1.dist-info/RECORD,,\n")
+    assert tops(plain) == {"pkg", "mod"}
+    assert tops('"odd,dir/x.py",sha256=abc,6\nother.py,,\n"a,b.txt",,\n') == {"odd,dir", "other"}
+    assert tops("data/only.json,,\n") == set()
+
+
 @pytest.fixture
 def fresh_installed_names():
     """The installed top-level names are cached per process: computed afresh in the test, and after it."""

@@ -135,9 +135,29 @@ def _top_level_names(dist: importlib.metadata.Distribution) -> Iterable[str]:
     if declared:
         return declared
     record = dist.read_text("RECORD")
+    if record is not None and '"' not in record:
+        # No quoted path, so ".py," ends a row's path (a hash or a size holds no dot). Found with
+        # str.find: a RECORD can list thousands of data files (mkdocs-material's icons took 14 ms
+        # through the csv module and 13 ms by regex, most of the first element's time; this is 1 ms).
+        return set(_py_record_tops(record))
     files = ([row[0] for row in csv.reader(record.splitlines()) if row] if record is not None
              else [str(f) for f in dist.files or ()])  # egg-info: its SOURCES.txt as importlib reads it
     return {f.split("/", 1)[0] if "/" in f else f[:-3] for f in files if f.endswith(".py")}
+
+
+def _py_record_tops(record: str) -> Iterable[str]:
+    r"""The first part of each ``.py`` path in an unquoted RECORD (rows ``path,hash,size``), the
+    module's name for a top-level file.
+
+    Example::
+
+        >>> sorted(_py_record_tops("pkg/__init__.py,sha256=x,1\nmod.py,,\npkg/data.json,,\n"))
+        ['mod', 'pkg']
+    """
+    end = record.find(".py,")
+    while end >= 0:
+        yield record[record.rfind("\n", 0, end) + 1:end].partition("/")[0]
+        end = record.find(".py,", end + 4)
 
 
 @functools.lru_cache(maxsize=1)
