@@ -62,7 +62,8 @@ class StateStore(Protocol):
     def wait_durable(self) -> None: ...
 
     def durability(self) -> Optional[Callable[[], None]]:
-        """``wait_durable`` cut in two: None if this thread's commits are durable, else the wait."""
+        """``wait_durable`` cut in two: None if this thread's commits are durable, else the wait
+        (the journaled store's is a ``journal.DurableWait``, which an event loop can wait for)."""
 
     def bind_lock(self, lock: threading.Condition) -> None:
         """The core's lock, which commits arrive holding; a store that replaces ``state``

@@ -24,6 +24,7 @@ from typing import Callable
 
 from dataservice.dispatcher.core import SMALL_PROGRESS_RANGES, SPLIT_WAIT_S, DispatcherCore, heartbeat_has_news, \
     heartbeat_wait_s
+from dataservice.dispatcher.durable_waits import DurableWaits
 from dataservice.dispatcher.request_checks import check_request
 from dataservice.proto import dispatcher_pb2
 from dataservice.service.aio_rpc import AioServer, add_aio_service
@@ -74,8 +75,8 @@ def _on_loop(rpc: str, request) -> bool:
     return sum(len(p.ranges) for p in request.progress) <= 2 * SMALL_PROGRESS_RANGES
 
 
-async def _run(server: AioServer, core: DispatcherCore, rpc: str, handler: Callable, request, *args,
-               checked: bool = False):
+async def _run(server: AioServer, core: DispatcherCore, durable: DurableWaits, rpc: str, handler: Callable,
+               request, *args, checked: bool = False):
     """One pass of an RPC's work: on the loop if it is short (``_ON_LOOP``), else on the pool.
     ``checked``: the request's bounds were checked already (a long poll's later passes)."""
     if not _on_loop(rpc, request):
@@ -85,21 +86,21 @@ async def _run(server: AioServer, core: DispatcherCore, rpc: str, handler: Calla
     response = handler(request, *args)
     wait = core.durability()  # fault-tolerant mode: what this call committed must be fsynced first
     if wait is not None:
-        await server.run(wait)
+        await durable.wait(wait)  # on the loop: one wake-up per fsync, not a pool thread per call
     return response
 
 
-def _adapt(server: AioServer, core: DispatcherCore, rpc: str, method: str) -> Callable:
+def _adapt(server: AioServer, core: DispatcherCore, durable: DurableWaits, rpc: str, method: str) -> Callable:
     handler = getattr(core, method)
 
     async def call(request):
-        return await _run(server, core, rpc, handler, request)
+        return await _run(server, core, durable, rpc, handler, request)
 
     call.__name__ = rpc
     return call
 
 
-def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
+def _worker_heartbeat(server: AioServer, core: DispatcherCore, durable: DurableWaits) -> Callable:
     async def call(request: dispatcher_pb2.WorkerHeartbeatRequest):
         check_request("WorkerHeartbeat", request, core.config)  # the request as sent: its wait_ms too
         # What it asked, stretched for a large fleet and spread so that polls answered together (a new job)
@@ -108,7 +109,8 @@ def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
         deadline = time.monotonic() + wait_s
         key = ("worker", request.worker_address)
         since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once
-        response = await _run(server, core, "WorkerHeartbeat", core.worker_heartbeat, request, False, checked=True)
+        response = await _run(server, core, durable, "WorkerHeartbeat", core.worker_heartbeat, request, False,
+                              checked=True)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or heartbeat_has_news(request, response):
@@ -116,19 +118,20 @@ def _worker_heartbeat(server: AioServer, core: DispatcherCore) -> Callable:
                 return response
             await core.wakeups.wait(key, since, remaining)
             since = core.wakeups.generation(key)
-            response = await _run(server, core, "WorkerHeartbeat", core.worker_heartbeat_again, request, checked=True)
+            response = await _run(server, core, durable, "WorkerHeartbeat", core.worker_heartbeat_again, request,
+                                  checked=True)
 
     return call
 
 
-def _get_split(server: AioServer, core: DispatcherCore) -> Callable:
+def _get_split(server: AioServer, core: DispatcherCore, durable: DurableWaits) -> Callable:
     async def call(request: dispatcher_pb2.GetSplitRequest):
         deadline = time.monotonic() + SPLIT_WAIT_S
         key = ("iteration", request.iteration_id)
         passes = 0
         while True:
             since = core.wakeups.generation(key)
-            response = await _run(server, core, "GetSplit", core.get_split, request, False, checked=passes > 0)
+            response = await _run(server, core, durable, "GetSplit", core.get_split, request, False, checked=passes > 0)
             passes += 1
             remaining = deadline - time.monotonic()
             if not response.wait or remaining <= 0:
@@ -140,7 +143,8 @@ def _get_split(server: AioServer, core: DispatcherCore) -> Callable:
 
 
 def add_dispatcher_service(server: AioServer, core: DispatcherCore) -> None:
-    implementations = {rpc: _adapt(server, core, rpc, method) for rpc, method in _METHODS.items()}
-    implementations["WorkerHeartbeat"] = _worker_heartbeat(server, core)
-    implementations["GetSplit"] = _get_split(server, core)
+    durable = DurableWaits(server.run)
+    implementations = {rpc: _adapt(server, core, durable, rpc, method) for rpc, method in _METHODS.items()}
+    implementations["WorkerHeartbeat"] = _worker_heartbeat(server, core, durable)
+    implementations["GetSplit"] = _get_split(server, core, durable)
     add_aio_service(server, _SERVICE, implementations, log, record=core.rpc_stats.record)

@@ -105,7 +105,8 @@ from dataservice.dispatcher.manifest import (MANIFEST_FILE, CheckpointId, Manife
 from dataservice.proto import state_pb2
 from dataservice.service.latency_histogram import LatencyHistogram
 
-__all__ = ["Journal", "JournalError", "JournalCorruptionError", "Replay", "ReplayedRecord", "read_records",
+__all__ = ["DurableWait", "Journal", "JournalError", "JournalCorruptionError", "Replay", "ReplayedRecord",
+           "read_records",
            "DEFAULT_CHECKPOINT_RECORDS", "JOURNAL_FILE", "CHECKPOINT_FILE", "MANIFEST_FILE", "FORMAT_VERSION"]
 
 log = logging.getLogger("dataservice.dispatcher.journal")
@@ -148,6 +149,30 @@ _RECOVER_HINT = ("Nothing was changed on disk. To start from the valid data befo
 
 # Ranks of the files, for reporting the first damage in the order replay meets it.
 _CHECKPOINT_RANK, _JOURNAL_RANK, _MANIFEST_RANK = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DurableWait:
+    """What one call must see fsynced before it answers: ``journal``'s records up to ``seq``.
+
+    Calling it blocks until they are, on any thread; if the write failed, it raises JournalError
+    (after the store rolled its state back). An event loop can instead wait for ``journal``'s
+    listener (``add_durable_listener``) and call it only when that did not settle it
+    (``dispatcher/durable_waits.py``).
+
+    Example::
+
+        >>> wait = store.durability()      # None: durable already
+        >>> if wait is not None:
+        ...     wait()                     # blocks until journal.is_durable(wait.seq)
+    """
+
+    journal: "Journal"
+    seq: int
+    block: Callable[[], None]
+
+    def __call__(self) -> None:
+        self.block()
 
 
 class JournalError(errors.ServiceUnavailableError):
@@ -488,6 +513,9 @@ class Journal:
         self._checkpoint_due_seq = checkpoint_records
         self._closed = False
         self._flusher: Optional[threading.Thread] = None
+        # Called (on the flusher's thread, without the lock) after each batch is durable, after a
+        # failed write and at close: how an event loop's waiters learn it without a thread each.
+        self._durable_listeners: list[Callable[[], None]] = []
         #: fsyncs done, and records they made durable: tests and the status page read these.
         self.fsyncs = 0
         #: How long each batch's write + fsync took (``/metrics``: dataservice_journal_fsync_seconds).
@@ -971,6 +999,22 @@ class Journal:
         with self._cond:
             return self._durable_seq >= seq and self._failed is None
 
+    def add_durable_listener(self, listener: Callable[[], None]) -> None:
+        """Calls ``listener()`` after each batch becomes durable, after a failed write and when the journal
+        closes, on the journal's own thread: it must be quick (``loop.call_soon_threadsafe`` is).
+        It then asks ``is_durable``/``failed`` itself. One wake-up per fsync, however many calls wait."""
+        with self._cond:
+            self._durable_listeners.append(listener)
+
+    def _tell_listeners(self) -> None:
+        with self._cond:
+            listeners = list(self._durable_listeners)
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # a closed event loop: its waiters are gone with it
+                log.debug("a journal durability listener failed", exc_info=True)
+
     def wait_durable(self, seq: int, timeout_s: float = 30.0) -> None:
         """Blocks until every record up to ``seq`` is fsynced; JournalError if writing failed."""
         with self._cond:
@@ -1005,6 +1049,7 @@ class Journal:
                 with self._cond:
                     self._failed = exc
                     self._cond.notify_all()
+                self._tell_listeners()
                 return
             self.fsync_latency.observe(time.perf_counter() - started)
             # Before the batch is acknowledged: the MANIFEST in the page cache then covers every
@@ -1016,6 +1061,7 @@ class Journal:
                 self.fsyncs += 1
                 self.records_written += len(batch)
                 self._cond.notify_all()
+            self._tell_listeners()
 
     def _note_durable(self, seq: int, journal_id: CheckpointId, sync: bool = False) -> None:
         manifest = self._manifest
@@ -1095,4 +1141,5 @@ class Journal:
             if self._failed is None and self._durable_seq < self._next_seq - 1:
                 self._failed = JournalError("the journal was closed before these records were written")
             self._cond.notify_all()
+        self._tell_listeners()
         self._close_files()

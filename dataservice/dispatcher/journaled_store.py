@@ -29,10 +29,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from dataservice.dispatcher.core import first_id_now
-from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, Journal, JournalError, Replay
+from dataservice.dispatcher.journal import DEFAULT_CHECKPOINT_RECORDS, DurableWait, Journal, JournalError, Replay
 from dataservice.dispatcher.state import DispatcherState
 from dataservice.proto import state_pb2
 
@@ -130,10 +130,10 @@ class JournaledStore:
         if wait is not None:
             wait()
 
-    def durability(self) -> Optional[Callable[[], None]]:
+    def durability(self) -> Optional[DurableWait]:
         """``wait_durable`` cut in two: takes what this thread committed (or could have read) now,
-        and returns None if that is durable already, else the blocking wait, to be run on any thread
-        (the asyncio server runs the calls on its loop and waits for fsyncs on its pool)."""
+        and returns None if that is durable already, else the wait, to be called on any thread (the
+        asyncio server waits on its loop, ``durable_waits.DurableWaits``, one wake-up per fsync)."""
         journal = getattr(self._pending, "journal", None)
         seq = getattr(self._pending, "seq", None)
         self._pending.__dict__.clear()
@@ -158,7 +158,7 @@ class JournaledStore:
                 with self._lock:
                     raise self._roll_back(journal, exc) from exc
 
-        return wait
+        return DurableWait(journal, seq, wait)
 
     # --- failures ------------------------------------------------------------------------------
     def _roll_back(self, failed: Journal, cause: BaseException) -> JournalError:
