@@ -53,6 +53,47 @@ def test_unchanged_task_lists_are_left_out_and_filled_back():
             client.close()
 
 
+def test_readers_joining_get_the_whole_list_made_once_per_version(monkeypatch):
+    # Ten thousand readers joining a read over two thousand workers each need every TaskDef: the list is
+    # serialized once per version of the iteration's tasks and merged into each answer, never stale.
+    from dataservice.dispatcher.core import DispatcherCore
+
+    made = []
+    whole_task_list = DispatcherCore._whole_task_list
+    monkeypatch.setattr(DispatcherCore, "_whole_task_list", lambda core, it: made.append(it.iteration_id)
+                        or whole_task_list(core, it))
+    with TestCluster(num_workers=2, worker_timeout_ms=2_000) as cluster:
+        client = DispatcherClient(cluster.dispatcher_address, timeout_ms=10_000)
+        try:
+            iteration = _start_read(cluster, client)
+
+            def joining():  # a reader that knows no version: the whole list
+                return client.client_heartbeat(iteration.client_id, read_key=iteration.read_key)
+
+            first = wait_until(lambda: (lambda r: r if len(r.tasks) == 2 else None)(joining()), 10, "two tasks")
+            made.clear()
+            answers = [joining() for _ in range(20)]
+            assert all(list(a.tasks) == list(first.tasks) for a in answers)
+            assert not any(a.tasks_unchanged or a.tasks_changed_only for a in answers)
+            # Made at most once per version answered (none: the answer above made it at this version).
+            assert len(made) <= len({a.tasks_version for a in answers}) - (answers[0].tasks_version ==
+                                                                             first.tasks_version)
+
+            cluster.add_worker()
+            grown = wait_until(lambda: (lambda r: r if len(r.tasks) == 3 else None)(joining()), 10, "the new task")
+            cluster.stop_worker(0)
+            shrunk = wait_until(lambda: (lambda r: r if r.revoked_tasks else None)(joining()), 15, "the revoked task")
+            assert len(shrunk.tasks) == 2 and shrunk.revoked_tasks[0] in {t.task_id for t in grown.tasks}
+            assert shrunk.revoked_tasks[0] not in {t.task_id for t in shrunk.tasks}
+            made.clear()
+            answers = [joining() for _ in range(20)]
+            assert all(list(a.tasks) == list(shrunk.tasks) and list(a.revoked_tasks) == list(shrunk.revoked_tasks)
+                       for a in answers)  # the cached list is the current one
+            assert len(made) <= len({a.tasks_version for a in answers} - {shrunk.tasks_version})
+        finally:
+            client.close()
+
+
 def test_a_restarted_dispatcher_sends_the_list_again(tmp_path):
     with TestCluster(num_workers=1, fault_tolerant_mode=True, work_dir=str(tmp_path)) as cluster:
         client = DispatcherClient(cluster.dispatcher_address, timeout_ms=10_000)

@@ -751,12 +751,15 @@ class DispatcherCore:
             tasks = [self.state.tasks[t] for t in iteration.tasks] if whole else []
             if unchanged:
                 response.tasks_unchanged = True
-            else:
-                response.tasks_changed_only = changed is not None
-                listed = [self.state.tasks[t] for t in changed] if changed is not None else tasks
+            elif changed is not None:
+                response.tasks_changed_only = True
+                listed = [self.state.tasks[t] for t in changed]
                 response.tasks.extend(self._task_lists.task_def(t.task_id, self._reader_task_def)
                                       for t in listed if not t.revoked)
                 response.revoked_tasks.extend(t.task_id for t in listed if t.revoked)
+            else:
+                response.MergeFromString(self._task_lists.whole_list(
+                    iteration.iteration_id, lambda: self._whole_task_list(iteration)))
             if coordinated:
                 response.block_round = self._rounds.block_round(iteration.iteration_id)
                 response.rotation.extend(dispatcher_pb2.RotationSlot(task_id=t, starting_round=s)
@@ -764,6 +767,14 @@ class DispatcherCore:
                 if tasks:
                     self._rounds.published(iteration.iteration_id)
             return response
+
+    def _whole_task_list(self, iteration: IterationState) -> bytes:
+        """An iteration's task list as a ClientHeartbeatResponse holding only ``tasks`` (TaskDefs of the live
+        tasks) and ``revoked_tasks``, serialized: merged into a reader's answer (``ReaderTaskLists.whole_list``)."""
+        listed = [self.state.tasks[t] for t in iteration.tasks]
+        whole = dispatcher_pb2.ClientHeartbeatResponse(revoked_tasks=[t.task_id for t in listed if t.revoked])
+        whole.tasks.extend(self._task_lists.task_def(t.task_id, self._reader_task_def) for t in listed if not t.revoked)
+        return whole.SerializeToString()
 
     def _new_progress(self, req: dispatcher_pb2.ClientHeartbeatRequest) -> list:
         """What of the heartbeat's offsets the dispatcher does not hold yet, worked out without its lock.

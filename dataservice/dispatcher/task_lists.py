@@ -18,12 +18,13 @@ Example::
     >>> lists = ReaderTaskLists()
     >>> lists.note(state, update)                  # before the core applies a create_task update
     >>> lists.changed_since(iteration_id, known)   # [task ids], or None: send the whole list
+    >>> response.MergeFromString(lists.whole_list(iteration_id, make))   # made once per version
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import Optional
+from typing import Callable, Optional
 
 from dataservice.proto import state_pb2
 
@@ -43,6 +44,10 @@ class ReaderTaskLists:
         #: task id -> the TaskDef readers get for it, made once (every reader of an iteration gets the same,
         #: and a reader joining a read over thousands of workers needs them all); dropped when it changes.
         self._defs: dict[int, object] = {}
+        #: iteration -> (version, the whole list serialized): a reader that joins a read over thousands of
+        #: workers gets it merged into its answer in one parse, not a TaskDef at a time (O(workers) of
+        #: Python per reader: ten thousand readers joining saturated the dispatcher).
+        self._wholes: dict[int, tuple[int, bytes]] = {}
 
     def task_def(self, task_id: int, make) -> object:
         """The readers' TaskDef of ``task_id``: ``make(task_id)``'s, made once until the task changes."""
@@ -50,6 +55,14 @@ class ReaderTaskLists:
         if task_def is None:
             task_def = self._defs[task_id] = make(task_id)
         return task_def
+
+    def whole_list(self, iteration_id: int, make: Callable[[], bytes]) -> bytes:
+        """The iteration's whole task list, serialized (``make()``'s), made once per version."""
+        version = self.version(iteration_id)
+        cached = self._wholes.get(iteration_id)
+        if cached is None or cached[0] != version:
+            cached = self._wholes[iteration_id] = (version, make())
+        return cached[1]
 
     def version(self, iteration_id: int) -> int:
         return self._base + self._counts.get(iteration_id, 0)
@@ -92,6 +105,7 @@ class ReaderTaskLists:
         elif kind == "prune_iteration":
             self._counts.pop(update.prune_iteration.iteration_id, None)
             self._logs.pop(update.prune_iteration.iteration_id, None)
+            self._wholes.pop(update.prune_iteration.iteration_id, None)
             iteration = state.iterations.get(update.prune_iteration.iteration_id)
             for task_id in (iteration.tasks if iteration is not None else ()):
                 self._defs.pop(task_id, None)
