@@ -157,6 +157,65 @@ def test_a_lost_workers_leased_splits_all_go_to_the_others(core, clock, large_fl
     assert ask(core, it, t2, 3) == [2, 3]
 
 
+def test_split_leases_know_each_tasks_keys_through_every_change():
+    # The index a revocation reads (SplitLeases.of_task) always equals a scan of the table.
+    import random
+
+    from dataservice.dispatcher.state import SplitLeases
+
+    rng = random.Random(5)
+    leases, plain = SplitLeases({(0, 0): 1}), {(0, 0): 1}
+    for _ in range(3_000):
+        key, task = (rng.randrange(3), rng.randrange(40)), rng.randrange(1, 9)
+        op = rng.random()
+        if op < 0.6:
+            leases[key] = plain[key] = task
+        elif op < 0.8 and key in plain:
+            del leases[key], plain[key]
+        else:
+            assert leases.pop(key, None) == plain.pop(key, None)
+        assert leases == plain
+    for task in range(1, 9):
+        assert sorted(leases.of_task(task)) == sorted(k for k, t in plain.items() if t == task)
+    with pytest.raises(TypeError, match="one key at a time"):
+        leases.update({(9, 9): 1})
+    with pytest.raises(KeyError):
+        leases.pop((99, 99))
+
+
+def test_a_mass_loss_revokes_each_lost_task_by_its_own_leases(core, clock, large_fleet):
+    # 300 workers, 200 of them lost at once (a rack): each lost task's leases, and only those, go back to be
+    # redone; the journal and a checkpoint rebuild the same tables and the same index.
+    recorder = Recorder(core)
+    workers = [f"w{i}:1" for i in range(300)]
+    it, tasks = start(core, num_splits=INFINITE, workers=workers)
+    leased = {t: ask(core, it, t, 1) for t in tasks}
+    assert all(len(splits) >= 2 for splits in leased.values())  # several splits per answer
+    lost = {t for t in tasks if int(core.state.tasks[t].worker_address[1:].split(":")[0]) < 200}
+    clock.advance(6)  # past worker_timeout_ms; only the last 100 workers heartbeat
+    for t in set(tasks) - lost:
+        address = core.state.tasks[t].worker_address
+        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=address,
+                                                        current_tasks=[t]))
+    core.collect_garbage()
+    iteration = core.state.iterations[it.iteration_id]
+    stream = {t: core.state.tasks[t].stream_id for t in tasks}
+    assert {t for t in tasks if core.state.tasks[t].revoked} == lost
+    assert iteration.pending == {(stream[t], s): t for t in lost for s in leased[t]}
+    assert dict(iteration.leases) == {(stream[t], s): t for t in set(tasks) - lost for s in leased[t]}
+    assert all(iteration.leases.of_task(t) == [] for t in lost)
+    replayed = DispatcherState()
+    for update in recorder.updates:
+        replayed.apply(update)
+    from_checkpoint = DispatcherState(first_id=1)
+    for update in core.state.to_updates():
+        from_checkpoint.apply(update)
+    for state in (replayed, from_checkpoint):
+        assert vars(state) == vars(core.state)
+        rebuilt = state.iterations[it.iteration_id].leases
+        assert all(sorted(rebuilt.of_task(t)) == sorted(iteration.leases.of_task(t)) for t in tasks)
+
+
 # --- through real servers --------------------------------------------------------------------------------
 
 def test_a_read_with_several_splits_per_answer_delivers_every_element_once(large_fleet):
