@@ -43,6 +43,8 @@ Example::
 A simulated call costs the simulator about 0.25 ms of CPU: on 2 cores it drives about 4,000 calls/s
 beside the dispatcher, so the largest rows of the table (2,000 workers, 10,000 readers: ~20,000 calls/s at
 the defaults) are beyond this machine; each report says when its simulators lagged (``SATURATED``).
+``--pin`` gives the dispatcher a CPU of its own and the rest the other: its calls then queue behind its own
+work only, as on a host of its own, while the simulators may still lag on theirs.
 """
 
 from __future__ import annotations
@@ -613,6 +615,8 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         dispatcher = _Child(command, env, src, work / "dispatcher.log", "dispatcher")
         children.append(dispatcher)
         port = int(dispatcher.wait_for(_LISTENING, START_TIMEOUT_S).group(1))
+        if args.pin:
+            report["pinned"] = pin_apart(dispatcher.pid)
         http = dispatcher.wait_for(_HTTP, 10).group(1) if re.search(r"http://", dispatcher.output()) else None
         http_port = int(http) if http else None
         service = f"grpc://localhost:{port}"
@@ -799,6 +803,23 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else 1000 * seconds
 
 
+#: This process's CPUs as it started (``pin_apart`` narrows them for the run's children).
+_ALL_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def pin_apart(dispatcher_pid: int) -> dict:
+    """``--pin``: every thread of the dispatcher on the first CPU, this process (and so every child it starts
+    after: real workers, the real reader, the simulators) on the others. The threads the dispatcher starts
+    later inherit its CPU from the thread that starts them."""
+    cpus = _ALL_CPUS
+    if len(cpus) < 2:
+        raise FleetError("--pin needs at least 2 CPUs")
+    for task in os.listdir(f"/proc/{dispatcher_pid}/task"):
+        os.sched_setaffinity(int(task), {cpus[0]})
+    os.sched_setaffinity(0, set(cpus[1:]))
+    return {"dispatcher": [cpus[0]], "others": cpus[1:]}
+
+
 def _f(value: Optional[float], spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -807,7 +828,8 @@ def print_report(r: dict, out=print) -> None:
     d = r["dispatcher"]
     out(f"fleet: {r['workers']} workers, {r['readers']} readers, {r['jobs']} jobs, {r['measured_s']:.0f} s after "
         f"{r['warmup_s']:.0f} s warm-up; task lists {r['task_lists']}"
-        f"{', fault-tolerant' if r['fault_tolerant'] else ''}{', token' if r['token'] else ''} "
+        f"{', fault-tolerant' if r['fault_tolerant'] else ''}{', token' if r['token'] else ''}"
+        f"{', dispatcher pinned to a CPU of its own' if r.get('pinned') else ''} "
         f"(load {r['load_before']:.2f} before, {r['load_after']:.2f} after)")
     out(f"  dispatcher: {_f(d['cpu_core'], '.2f')} core, {_f(d['cpu_ms_per_call'], '.2f')} ms CPU/call over "
         f"{r['calls_per_s']:.0f} calls/s, RSS {d['rss_mb']:.0f} MB (peak {d['peak_rss_mb']:.0f} MB)"
@@ -943,6 +965,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--worker-timeout-ms", type=int, default=None,
                         help="the dispatcher's worker_timeout_ms (default: its own, 10 s)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the dispatcher alone on the first CPU, everything else on the others: on 2 cores, the "
+                             "simulators' load then does not queue the dispatcher's calls (the latencies of the "
+                             "largest rows measure the dispatcher, not the shared machine)")
     parser.add_argument("--no-kill-worker", dest="kill_worker", action="store_false",
                         help="do not kill a real worker in the window (by default one is killed, and the time until "
                              "the dispatcher declares it lost is reported)")

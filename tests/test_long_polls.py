@@ -92,3 +92,26 @@ def test_a_change_wakes_only_the_polls_it_concerns_and_none_is_lost():
         assert wakeups.generation(w1) == (0, 1)
 
     asyncio.run(scenario())
+
+
+def test_a_wait_says_whether_it_was_woken_or_timed_out_and_raises_neither():
+    import asyncio
+
+    import pytest
+
+    from dataservice.dispatcher.long_polls import wait_or_timeout
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert await wait_or_timeout(loop.create_future(), 0.01) is False  # timed out: no TimeoutError
+        woken = loop.create_future()
+        loop.call_soon(woken.set_result, None)
+        assert await wait_or_timeout(woken, 10) is True
+        # A call cancelled while it waits (its client went away) is cancelled, not told it timed out.
+        waiting = asyncio.ensure_future(wait_or_timeout(loop.create_future(), 10))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(main())

@@ -29,6 +29,7 @@ import itertools
 from typing import Awaitable, Callable
 
 from dataservice.dispatcher.journal import DurableWait, Journal
+from dataservice.dispatcher.long_polls import wait_or_timeout
 
 __all__ = ["DurableWaits", "DURABLE_TIMEOUT_S"]
 
@@ -63,10 +64,7 @@ class DurableWaits:
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             heapq.heappush(heap, (seq, next(self._arrivals), future))
-            try:
-                await asyncio.wait_for(future, timeout_s)
-            except asyncio.TimeoutError:
-                pass  # the blocking wait below says why
+            await wait_or_timeout(future, timeout_s)  # on a timeout, the blocking wait below says why
         if not journal.is_durable(seq):
             await self._run_blocking(pending)
 
