@@ -563,6 +563,7 @@ def _http_lines(servers: list) -> list[str]:
 
 
 def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dataservice.dispatcher.collector_pauses import reduce_full_collections
     from dataservice.dispatcher.server import DispatchServer
     from dataservice.service.listening import tls_note
 
@@ -574,6 +575,7 @@ def _run_dispatcher(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
     def start() -> list:
         _make_work_dir(config.work_dir)
+        reduce_full_collections()  # the process is the dispatcher's: no full collection every few seconds
         return [DispatchServer(config)]
 
     def announce(servers: list) -> str:

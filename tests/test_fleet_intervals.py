@@ -46,3 +46,31 @@ def test_a_poll_is_spread_longer_at_random_never_shorter_nor_past_the_budget():
     assert fleet_intervals.worker_poll_s(9.0, workers, worker_timeout_ms=8_000, spread=1.0) == 4.0  # however long
     assert heartbeat_wait_s(dispatcher_pb2.WorkerHeartbeatRequest(wait_ms=1000), DispatcherConfig(), 1, 1.0) == \
         1.0 + spread
+
+
+def test_the_poll_after_news_is_spread_from_what_was_asked_to_the_longest_wait():
+    # 2,000 workers answered together by a new job: their next polls spread over 1-5 s, not 3.75-5 s, so
+    # that they do not end in one wave round after round.
+    waits = [fleet_intervals.worker_poll_s(1.0, 2_000, 10_000, spread=s / 10, after_news=True) for s in range(11)]
+    assert waits[0] == 1.0 and waits[-1] == 5.0 and waits == sorted(waits)
+    usual = [fleet_intervals.worker_poll_s(1.0, 2_000, 10_000, spread=s / 10) for s in range(11)]
+    assert min(usual) == 3.75 and max(usual) == 5.0
+    # A small fleet's range is the usual one: asked, up to POLL_SPREAD longer.
+    assert fleet_intervals.worker_poll_s(1.0, 10, 10_000, spread=1.0, after_news=True) == 1.5
+    assert fleet_intervals.worker_poll_s(1.0, 10, 10_000, spread=0.0, after_news=True) == 1.0
+    # Never past the failure-detection budget, never shorter than asked.
+    assert fleet_intervals.worker_poll_s(4.0, 10, 6_000, spread=1.0, after_news=True) == 3.0
+
+
+def test_a_workers_next_poll_follows_its_news_once_and_only_soon_after():
+    polls = fleet_intervals.PollsAfterNews()
+    polls.answered("w1:1", news=True, now=100.0, workers=2)
+    polls.answered("w2:1", news=False, now=100.0, workers=2)
+    assert polls.follows_news("w1:1", now=100.5)
+    assert not polls.follows_news("w1:1", now=100.6)  # read once
+    assert not polls.follows_news("w2:1", now=100.5)  # its answer had no news
+    polls.answered("w1:1", news=True, now=200.0, workers=2)
+    assert not polls.follows_news("w1:1", now=200.0 + fleet_intervals.AFTER_NEWS_S + 1)  # long after
+    for i in range(2_000):  # workers that never poll again do not pile up
+        polls.answered(f"gone{i}:1", news=True, now=300.0, workers=2)
+    assert len(polls._news_at) <= 2 * 2 + 1_000 + 1

@@ -115,3 +115,33 @@ def test_a_wait_says_whether_it_was_woken_or_timed_out_and_raises_neither():
             await waiting
 
     asyncio.run(main())
+
+
+def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_per_turn_of_the_loop():
+    # A new job is news to every worker: their polls wake WAKE_BATCH per turn, and what the loop has to do
+    # meanwhile (a new call, a due timer) runs between two batches, not after all of them.
+    import asyncio
+
+    from dataservice.dispatcher.long_polls import WAKE_BATCH, Wakeups
+
+    wakeups = Wakeups()
+    order: list = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def poll(i: int) -> None:
+            since = wakeups.generation(("worker", i))
+            assert await wakeups.wait(("worker", i), since, 10.0) is True
+            order.append(i)
+
+        polls = [asyncio.ensure_future(poll(i)) for i in range(10 * WAKE_BATCH)]
+        await asyncio.sleep(0)  # every poll waits
+        wakeups.notify([("worker", i) for i in range(10 * WAKE_BATCH)])
+        loop.call_soon(order.append, "other")  # another call's work, ready after the notify
+        await asyncio.wait_for(asyncio.gather(*polls), 10)
+
+    asyncio.run(main())
+    assert sorted(i for i in order if i != "other") == list(range(10 * WAKE_BATCH))
+    assert order.index("other") < WAKE_BATCH + 1  # not behind the 320 polls woken
+    assert wakeups.wake_turns >= 10

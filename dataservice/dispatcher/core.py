@@ -136,13 +136,14 @@ def _shown_read_options(job) -> str:
 
 
 def heartbeat_wait_s(req: dispatcher_pb2.WorkerHeartbeatRequest, config: DispatcherConfig, workers: int = 0,
-                     spread: float = 0.0) -> float:
+                     spread: float = 0.0, after_news: bool = False) -> float:
     """How long a worker's heartbeat may wait for news: what it asked (0: not at all), stretched for a
-    large fleet of ``workers`` and spread at random by ``spread`` (``fleet_intervals``), and answered
-    well before the worker could look lost (half of ``worker_timeout_ms``) however long it asked to wait."""
+    large fleet of ``workers`` and spread at random by ``spread`` (more widely for the poll that follows
+    an answer with news: ``fleet_intervals``), and answered well before the worker could look lost (half
+    of ``worker_timeout_ms``) however long it asked to wait."""
     if req.wait_ms <= 0:
         return 0.0
-    return fleet_intervals.worker_poll_s(req.wait_ms / 1000, workers, config.worker_timeout_ms, spread)
+    return fleet_intervals.worker_poll_s(req.wait_ms / 1000, workers, config.worker_timeout_ms, spread, after_news)
 
 
 def heartbeat_has_news(req: dispatcher_pb2.WorkerHeartbeatRequest,

@@ -13,6 +13,10 @@ job answers every worker's poll at once, and without the spread their next polls
 same instant forever after (500 workers: a 170 ms burst every interval, and the last answers that late).
 Where that would pass the failure-detection budget (2,000 workers: every poll held the budget's 5 s), the
 spread goes below it instead, by up to half of ``POLL_SPREAD``: polls held to one cap would end together.
+That spread undoes a burst only slowly, though: 2,000 polls answered together by a new job still ended within
+the same 1.25 s four rounds later, and those waves were late by up to half a second. So the poll that follows
+an answer with news (``after_news``) is held anywhere from what the worker asked to the longest wait, at
+random: one round spreads the fleet over the whole interval again.
 
 A task asks for its splits one GetSplit at a time, so a fleet's splits cost the dispatcher a call each: 2,000
 workers with a task in each of two jobs, each task through a split every 2 s, are 2,000 calls a second. Past
@@ -35,6 +39,8 @@ Example::
     5.0
     >>> worker_poll_s(asked_s=1.0, workers=10, worker_timeout_ms=10_000, spread=0.5)
     1.25
+    >>> worker_poll_s(asked_s=1.0, workers=2_000, worker_timeout_ms=10_000, spread=0.5, after_news=True)
+    3.0
     >>> splits_per_lease(asked=8, workers=2_000, splits_left=None, tasks=2_000)   # an infinite dataset
     8
     >>> splits_per_lease(asked=8, workers=2_000, splits_left=5_000, tasks=2_000)  # near the epoch's end
@@ -48,8 +54,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-__all__ = ["client_heartbeat_s", "worker_poll_s", "splits_per_lease", "CLIENT_HEARTBEATS_PER_S", "WORKER_POLLS_PER_S",
-           "POLL_SPREAD", "SPLIT_LEASE_WORKERS", "MAX_SPLITS_PER_LEASE"]
+__all__ = ["client_heartbeat_s", "worker_poll_s", "splits_per_lease", "PollsAfterNews", "CLIENT_HEARTBEATS_PER_S",
+           "WORKER_POLLS_PER_S", "POLL_SPREAD", "AFTER_NEWS_S", "SPLIT_LEASE_WORKERS", "MAX_SPLITS_PER_LEASE"]
 
 #: Reader heartbeats a second the dispatcher aims at in all, once its readers are many (each costs it
 #: about 0.3 ms of CPU, most of it gRPC's own: see docs/how-to/capacity.md).
@@ -59,6 +65,8 @@ WORKER_POLLS_PER_S = 125
 #: A held poll lasts up to this fraction longer than its stretched wait, at random (never shorter than
 #: what the worker asked, never past half of ``worker_timeout_ms``).
 POLL_SPREAD = 0.5
+#: A poll that comes this soon after its worker's answer with news follows it (``worker_poll_s``'s after_news).
+AFTER_NEWS_S = 2.0
 #: One more split per GetSplit answer for every this many registered workers (up to 250: one split a call).
 SPLIT_LEASE_WORKERS = 250
 #: The most splits one GetSplit answer leases.
@@ -73,16 +81,50 @@ def client_heartbeat_s(readers: int, client_timeout_ms: int) -> float:
     return max(base, min(readers / CLIENT_HEARTBEATS_PER_S, quarter))
 
 
-def worker_poll_s(asked_s: float, workers: int, worker_timeout_ms: int, spread: float = 0.0) -> float:
+def worker_poll_s(asked_s: float, workers: int, worker_timeout_ms: int, spread: float = 0.0,
+                  after_news: bool = False) -> float:
     """How long a worker's heartbeat waits for news: what it asked, stretched to keep ``workers`` at
     ``WORKER_POLLS_PER_S`` in all, ``spread`` (0 to 1, random per poll) times ``POLL_SPREAD`` longer,
     and never past half of ``worker_timeout_ms`` (nor 60 s): past it, ``spread`` times half of
-    ``POLL_SPREAD`` shorter than that half instead (but not shorter than what the worker asked)."""
+    ``POLL_SPREAD`` shorter than that half instead (but not shorter than what the worker asked).
+    ``after_news``: the poll follows an answer with news; it is held ``spread`` of the way from what the
+    worker asked to the longest of those waits."""
     half = min(worker_timeout_ms / 2000, 60.0)
+    if after_news:
+        shortest = min(asked_s, half)
+        longest = min(max(asked_s, workers / WORKER_POLLS_PER_S) * (1.0 + POLL_SPREAD), half)
+        return max(0.0, shortest + (longest - shortest) * spread)
     stretched = max(asked_s, workers / WORKER_POLLS_PER_S) * (1.0 + POLL_SPREAD * spread)
     if stretched > half:
         stretched = max(min(asked_s, half), half * (1.0 - POLL_SPREAD / 2 * spread))
     return max(0.0, stretched)
+
+
+class PollsAfterNews:
+    """Which workers were last answered with news, so that their next poll is spread widely
+    (``worker_poll_s(after_news=True)``). Used on the server's event loop only.
+
+    Example::
+
+        >>> polls = PollsAfterNews()
+        >>> polls.answered("w1:5051", news=True, now=10.0, workers=2)
+        >>> polls.follows_news("w1:5051", now=10.1), polls.follows_news("w1:5051", now=10.2)
+        (True, False)
+    """
+
+    def __init__(self) -> None:
+        self._news_at: dict[str, float] = {}  # address -> when its last poll was answered with news
+
+    def answered(self, address: str, news: bool, now: float, workers: int) -> None:
+        if not news:
+            return
+        if len(self._news_at) > 2 * workers + 1_000:
+            self._news_at.clear()  # workers gone for good leave entries that are never read
+        self._news_at[address] = now
+
+    def follows_news(self, address: str, now: float) -> bool:
+        """Whether this poll of ``address`` follows its answer with news (read once: the next one does not)."""
+        return now - self._news_at.pop(address, -math.inf) < AFTER_NEWS_S
 
 
 def splits_per_lease(asked: int, workers: int, splits_left: Optional[int], tasks: int) -> int:

@@ -25,6 +25,7 @@ from typing import Callable
 from dataservice.dispatcher.core import SMALL_PROGRESS_RANGES, SPLIT_WAIT_S, DispatcherCore, heartbeat_has_news, \
     heartbeat_wait_s
 from dataservice.dispatcher.durable_waits import DurableWaits
+from dataservice.dispatcher.fleet_intervals import PollsAfterNews
 from dataservice.dispatcher.request_checks import check_request
 from dataservice.proto import dispatcher_pb2
 from dataservice.service.aio_rpc import AioServer, add_aio_service
@@ -101,20 +102,27 @@ def _adapt(server: AioServer, core: DispatcherCore, durable: DurableWaits, rpc: 
 
 
 def _worker_heartbeat(server: AioServer, core: DispatcherCore, durable: DurableWaits) -> Callable:
+    after_news = PollsAfterNews()
+
     async def call(request: dispatcher_pb2.WorkerHeartbeatRequest):
         check_request("WorkerHeartbeat", request, core.config)  # the request as sent: its wait_ms too
         # What it asked, stretched for a large fleet and spread so that polls answered together (a new job)
         # do not all end together again; well before the worker could look lost (worker_timeout_ms).
-        wait_s = heartbeat_wait_s(request, core.config, len(core.state.workers), random.random())
-        deadline = time.monotonic() + wait_s
+        now = time.monotonic()
+        workers = len(core.state.workers)
+        wait_s = heartbeat_wait_s(request, core.config, workers, random.random(),
+                                  after_news.follows_news(request.worker_address, now))
+        deadline = now + wait_s
         key = ("worker", request.worker_address)
         since = core.wakeups.generation(key)  # before the pass: a change during it wakes us at once
         response = await _run(server, core, durable, "WorkerHeartbeat", core.worker_heartbeat, request, False,
                               checked=True)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or heartbeat_has_news(request, response):
+            news = heartbeat_has_news(request, response)
+            if remaining <= 0 or news:
                 response.poll_wait_ms = int(wait_s * 1000)
+                after_news.answered(request.worker_address, news, time.monotonic(), workers)
                 return response
             await core.wakeups.wait(key, since, remaining)
             since = core.wakeups.generation(key)

@@ -1,0 +1,30 @@
+"""The dispatcher process asks for full garbage collections rarely (``dispatcher/collector_pauses.py``); its
+young collections are CPython's defaults, so what dies young (gRPC's cycles) is still freed at once."""
+
+from __future__ import annotations
+
+import gc
+
+from dataservice.dispatcher.collector_pauses import FULL_COLLECTION_EVERY, reduce_full_collections
+
+
+def test_full_collections_are_asked_for_rarely_and_young_ones_as_before():
+    before = gc.get_threshold()
+    try:
+        reduce_full_collections()
+        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_EVERY)
+        assert FULL_COLLECTION_EVERY >= 100 * before[2] // 10  # at least 10x rarer than the default's 10
+        # Cycles that die young are still collected by the young generations.
+        class Node:
+            pass
+
+        gc.collect()
+        for _ in range(5_000):
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+        del a, b
+        gc.collect(1)  # a young collection, not a full one, frees nearly all: those that died young
+        left = sum(1 for o in gc.get_objects() if isinstance(o, Node))
+        assert left <= 20, f"{left} of 10,000 cycles were left for a full collection"
+    finally:
+        gc.set_threshold(*before)
