@@ -72,3 +72,29 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
     # Nothing the benchmark started outlives it: the dispatcher, the real workers, the simulators.
     for pid in report["pids"]:
         assert not pid_alive(pid), pid
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="--pin needs 2 CPUs")
+def test_pin_puts_every_thread_of_the_dispatcher_on_one_cpu_and_the_rest_on_the_others():
+    import os
+
+    from benchmarks import fleet
+
+    # A stand-in dispatcher with a few threads (the real one's are pinned the same way, by /proc).
+    code = ("import threading, time\n"
+            "[threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]\n"
+            "print('ready', flush=True); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    before = os.sched_getaffinity(0)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        pinned = fleet.pin_apart(child.pid)
+        tasks = os.listdir(f"/proc/{child.pid}/task")
+        assert len(tasks) >= 4
+        assert all(os.sched_getaffinity(int(t)) == set(pinned["dispatcher"]) for t in tasks)
+        assert os.sched_getaffinity(0) == set(pinned["others"])
+        assert not set(pinned["dispatcher"]) & set(pinned["others"])
+    finally:
+        os.sched_setaffinity(0, before)
+        child.kill()
+        child.wait()
