@@ -966,9 +966,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-timeout-ms", type=int, default=None,
                         help="the dispatcher's worker_timeout_ms (default: its own, 10 s)")
     parser.add_argument("--pin", action="store_true",
-                        help="the dispatcher alone on the first CPU, everything else on the others: on 2 cores, the "
-                             "simulators' load then does not queue the dispatcher's calls (the latencies of the "
-                             "largest rows measure the dispatcher, not the shared machine)")
+                        help="the dispatcher alone on the first CPU, everything else on the others: its calls then "
+                             "queue behind its own work only (on 2 cores the simulators, real workers and reader share "
+                             "the other CPU, and lag more)")
     parser.add_argument("--no-kill-worker", dest="kill_worker", action="store_false",
                         help="do not kill a real worker in the window (by default one is killed, and the time until "
                              "the dispatcher declares it lost is reported)")

@@ -1,7 +1,7 @@
 """A rack lost at once: how long the dispatcher's lock is held to revoke every lost worker's tasks.
 
 A fleet of N workers reads two ``distributed_epoch`` jobs of an endless dataset; each task has leased one
-GetSplit answer's splits (up to 8 past 2,000 workers: ``fleet_intervals.splits_per_lease``). Then a share of
+GetSplit answer's splits (8 at 2,000 workers: ``fleet_intervals.splits_per_lease``). Then a share of
 the workers falls silent past ``worker_timeout_ms`` and one ``collect_garbage`` pass revokes their tasks,
 their leased splits going back to be redone. The pass runs under the dispatcher's lock, so every other call
 waits for it. The core runs in this process (no gRPC, and its log lines silenced: what is measured is the

@@ -122,3 +122,14 @@ def test_iterator_state_prints_sizes_and_restore_times(tmp_path):
     assert report["errors"] == {} and len(report["rows"]) == 12 and report["p2_rest_ratio"] > 0
     # Without a buffering node the state stays small; the shuffle's holds its buffer of 100 elements.
     assert all(r["ours_state_bytes"] < 4096 for r in report["rows"] if r["pipeline"] != "P3")
+
+
+def test_mass_loss_revokes_every_lost_task_and_prints_how_long_the_lock_was_held():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.mass_loss", "--workers", "300", "--lost", "0.5",
+                             "--runs", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    line = re.match(r"^300 workers, 150 lost at once: 300 of 600 tasks revoked, ([\d,]+) splits leased; the pass "
+                    r"held the lock ([\d,]+) ms \(best of 1\)$", result.stdout.strip())
+    assert line and int(line.group(1).replace(",", "")) == 600 * 2, result.stdout  # 2 splits an answer at 300

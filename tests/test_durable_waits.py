@@ -129,3 +129,21 @@ def test_a_failed_write_fails_a_call_answered_on_the_loop_and_the_next_goes_thro
     finally:
         channel.close()
         server.stop()
+
+
+def test_under_a_steady_load_the_flusher_waits_for_more_records_and_when_idle_it_does_not(journal, monkeypatch):
+    # GROUP_COMMIT_LINGER_S made large, so that what joins a batch does not depend on this machine's speed.
+    import time
+
+    from dataservice.dispatcher import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "GROUP_COMMIT_LINGER_S", 0.5)
+    journal.wait_durable(journal.append(_update(1)))  # an fsync just ended: the load looks steady
+    second = journal.append(_update(2))
+    time.sleep(0.01)
+    third = journal.append(_update(3))  # while the flusher lingers
+    journal.wait_durable(third)
+    assert journal.is_durable(second) and journal.fsyncs == 2  # the two shared one fsync
+    time.sleep(journal_module.GROUP_COMMIT_BUSY_S * 4)  # idle now
+    journal.wait_durable(journal.append(_update(4)), timeout_s=0.4)  # written at once, not after 0.5 s
+    assert journal.fsyncs == 3

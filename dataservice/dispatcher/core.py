@@ -37,7 +37,7 @@ from dataservice.dispatcher.client_stats import ClientStats, LoadReports, Worker
 from dataservice.dispatcher.coordinated_rounds import RoundCoordinator, rotation_of
 from dataservice.dispatcher.long_polls import ALL, Wakeups
 from dataservice.dispatcher.rpc_stats import RpcStats
-from dataservice.dispatcher.state import DispatcherState, IterationState, JobKey, resume_digest
+from dataservice.dispatcher.state import DispatcherState, IterationInfo, IterationState, JobKey, resume_digest
 from dataservice.dispatcher.task_lists import ReaderTaskLists
 from dataservice.dispatcher.task_views import TaskViews
 from dataservice.service.auth import task_read_key
@@ -748,8 +748,8 @@ class DispatcherCore:
             unchanged = req.known_tasks_version == response.tasks_version
             changed = None if unchanged or not req.known_tasks_version else \
                 self._task_lists.changed_since(iteration.iteration_id, req.known_tasks_version)
-            whole = coordinated or (not unchanged and changed is None)
-            tasks = [self.state.tasks[t] for t in iteration.tasks] if whole else []
+            # A coordinated read's rotation needs the tasks; a whole list for the answer is made once per version.
+            tasks = [self.state.tasks[t] for t in iteration.tasks] if coordinated else []
             if unchanged:
                 response.tasks_unchanged = True
             elif changed is not None:
@@ -769,7 +769,7 @@ class DispatcherCore:
                     self._rounds.published(iteration.iteration_id)
             return response
 
-    def _whole_task_list(self, iteration: IterationState) -> bytes:
+    def _whole_task_list(self, iteration: IterationInfo) -> bytes:
         """An iteration's task list as a ClientHeartbeatResponse holding only ``tasks`` (TaskDefs of the live
         tasks) and ``revoked_tasks``, serialized: merged into a reader's answer (``ReaderTaskLists.whole_list``)."""
         listed = [self.state.tasks[t] for t in iteration.tasks]

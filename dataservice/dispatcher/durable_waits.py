@@ -3,7 +3,6 @@
 In fault-tolerant mode a call answers only once what it committed (or could have read) is fsynced.
 Waiting for that on the server's thread pool cost every call a thread hop: a pool thread woken to
 block on the journal's condition, woken again by the fsync, then a wake-up of the loop to answer.
-At a fleet's 500 calls a second that was a third of the dispatcher's CPU in fault-tolerant mode.
 
 Here a waiting call costs a future in a heap ordered by sequence number. The journal's flusher
 calls one listener per fsync (``Journal.add_durable_listener``), which schedules ``_wake`` on the

@@ -16,8 +16,10 @@ commit on one iteration does not wake two thousand idle workers' heartbeats.
 
 Some changes do concern thousands of waiters at once: a new job is news to every worker. Their polls
 are woken ``WAKE_BATCH`` per turn of the event loop, not all in one: each woken poll's pass takes
-about 0.4 ms, and two thousand in one turn held every other call (and every poll whose time was up)
-for most of a second. Between batches the loop takes in new calls and fires due timers.
+about 0.4 ms, so two thousand in one turn would hold every other call (and every poll whose time was
+up) for most of a second. Between batches the loop takes in new calls and fires due timers. (At 2,000
+workers and 1,000 readers, two pairs of runs: ClientHeartbeat and GetSplit 260-290 ms at p99 before,
+150-225 ms after; the burst's own work is still there.)
 
 Example::
 
