@@ -57,7 +57,8 @@ _SERVICE = dispatcher_pb2.DESCRIPTOR.services_by_name["Dispatcher"]
 #: Calls whose work runs on the event loop itself: short work under the core's lock, which any
 #: other call would wait for anyway. Handing them to a pool thread would cost a thread switch and a
 #: wakeup of the loop each. The others (status pages, saves' file system work, registering a
-#: pipeline) and a heartbeat carrying many ranges run on the pool; fsyncs are waited for there too.
+#: pipeline) and a heartbeat carrying many ranges run on the pool, and wait for their fsync there; a call
+#: on the loop waits for its fsync on the loop (``durable_waits``).
 _ON_LOOP = frozenset({"GetDatasetId", "GetOrCreateJob", "GetOrCreateIteration", "ClientHeartbeat",
                       "ReleaseIterationClient", "WorkerHeartbeat", "GetSplit"})
 

@@ -3,8 +3,8 @@
 The dispatcher answers thousands of workers' long polls (a heartbeat waits until there is news
 for its worker). A thread-per-call server holds a thread per waiting call, so it could let only a
 dozen wait. Here every call is a coroutine on one event loop: a waiting call costs a future. A
-handler runs short work on the loop itself and hands slow work (a huge heartbeat, a status page, an
-fsync) to the server's small thread pool (``AioServer.run``), so that it never stalls the loop.
+handler runs short work on the loop itself and hands slow work (a huge heartbeat, a status page) to
+the server's small thread pool (``AioServer.run``), so that it never stalls the loop.
 
 Everything else is as ``rpc.create_server``/``rpc.add_service`` give a threaded server: the health
 service, the cluster token (``AioAuthInterceptor``), TLS, requests parsed by the handler
@@ -52,7 +52,7 @@ __all__ = ["AioServer", "create_aio_server", "add_aio_service", "event_loop", "C
 MAX_PENDING_CALLS = 100_000
 
 #: Threads that run the calls' work. The core serializes on one lock, so more would only queue on
-#: it; a few let an fsync (fault-tolerant mode) or a huge heartbeat overlap the others.
+#: it; a few let a huge heartbeat or a pool call's fsync (fault-tolerant mode) overlap the others.
 CORE_THREADS = 8
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
