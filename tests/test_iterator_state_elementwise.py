@@ -463,3 +463,28 @@ def test_repeat_over_a_reshuffling_shuffle():
         pytest.skip("shuffle cannot save its position yet")
     full = assert_resumes(make, cuts=[0, 1, 19, 20, 21, 39, 40, 45, 60])
     assert full[:20] != full[20:40]
+
+
+def test_one_record_stopped_by_something_else_does_not_stretch_the_pace():
+    # Records cost 10 us, reads 20 us each: an interval of 25 reads at the 2% budget (64 at the least).
+    # One record preempted for 3 ms (a collection, another process) once made it 7,500, and a restore
+    # replayed that many reads; now the cost it counts at most doubles per record.
+    from dataservice.data.checkpoint import Pace
+
+    pace, t, n = Pace(64), 0.0, 0
+
+    def record(cost_s: float) -> None:
+        nonlocal t, n
+        start = t + (pace.next - n) * 20e-6  # the reads since the last record
+        n = pace.next
+        t = start + cost_s
+        pace.recorded(n, start, t)
+
+    for _ in range(5):
+        record(10e-6)
+    assert pace.interval == 64
+    record(3e-3)
+    assert pace.interval <= 64  # counted as 20 us, not 3 ms
+    for _ in range(12):  # a record that stays costly (a shuffle's buffer) gets its interval, doubling
+        record(3e-3)
+    assert pace.interval == 7_500

@@ -191,19 +191,25 @@ class Pace:
     #: However costly a record, a restore replays at most this many reads.
     MAXIMUM = 1 << 20
 
-    __slots__ = ("next", "interval", "_minimum", "_since", "_at")
+    __slots__ = ("next", "interval", "_minimum", "_since", "_at", "_cost")
 
     def __init__(self, minimum: int):
         self._minimum = self.interval = max(1, minimum)
         self.next = 0
         self._since = 0.0  # when the last record ended
         self._at = 0       # at which read
+        self._cost = 0.0   # what a record costs, as paced: at most twice the one before
 
     def recorded(self, n: int, start: float, end: float) -> None:
         """A record was made before read ``n``, from ``start`` to ``end`` (``time.perf_counter``)."""
+        # One record stopped by something else (a garbage collection, another process on the core) must not
+        # stretch the interval a hundredfold: a restore would then replay that many reads. A record that is
+        # costly every time still gets its interval within a few records, doubling each time.
+        cost = end - start if not self._cost else min(end - start, 2 * self._cost)
+        self._cost = cost
         if n > self._at:
             per_read = (start - self._since) / (n - self._at)
-            wanted = (end - start) / (self.BUDGET * per_read) if per_read > 0 else self.MAXIMUM
+            wanted = cost / (self.BUDGET * per_read) if per_read > 0 else self.MAXIMUM
             self.interval = min(self.MAXIMUM, max(self._minimum, int(wanted)))
         self._since, self._at = end, n
         self.next = n + self.interval
