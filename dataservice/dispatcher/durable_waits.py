@@ -53,14 +53,13 @@ class DurableWaits:
     async def wait(self, pending: DurableWait, timeout_s: float = DURABLE_TIMEOUT_S) -> None:
         """Returns once ``pending``'s records are durable; JournalError (after a rollback) if writing failed."""
         journal, seq = pending.journal, pending.seq
+        loop = asyncio.get_running_loop()
         heap = self._waiting.get(journal)
         if heap is None and not journal.failed:
             # Registered before the check below: an fsync that ends after it always wakes us.
-            loop = asyncio.get_running_loop()
             heap = self._waiting[journal] = []
             journal.add_durable_listener(functools.partial(loop.call_soon_threadsafe, self._wake, journal))
         if heap is not None and not journal.is_durable(seq) and not journal.failed:
-            loop = asyncio.get_running_loop()
             future = loop.create_future()
             heapq.heappush(heap, (seq, next(self._arrivals), future))
             await wait_or_timeout(future, timeout_s)  # on a timeout, the blocking wait below says why
