@@ -55,6 +55,55 @@ def test_split_ends_in_quick_succession_are_reported_at_the_capped_rate():
     assert report_pause_s(sent_at=5.0, now=5.0 + pace) == 0.0
 
 
+def test_once_every_split_is_leased_each_split_end_is_reported_at_once():
+    # Any of them may be the epoch's last, which the epoch's end waits for (the workers' and the reader's).
+    pace = 1 / MAX_HEARTBEATS_PER_S
+    assert report_pause_s(sent_at=5.0, now=5.0 + pace / 4, all_splits_leased=True) == 0.0
+
+
+def test_the_dispatcher_says_when_every_split_of_an_iteration_is_leased():
+    from dataservice.data.serialization import serialize_dataset
+    from dataservice.dispatcher.core import DispatcherCore
+    from dataservice.proto import dispatcher_pb2 as pb
+    from dataservice.proto import state_pb2
+    from dataservice.service.config import DispatcherConfig
+
+    core = DispatcherCore(DispatcherConfig())
+    core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address="10.0.0.1:5051", worker_uid="w"))
+
+    def read(dataset: Dataset, num_splits: int):
+        dataset_id = core.register_dataset(pb.RegisterDatasetRequest(
+            dataset_def=serialize_dataset(dataset), num_splits=num_splits)).dataset_id
+        job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(
+            dataset_id=dataset_id, processing_mode=state_pb2.DISTRIBUTED_EPOCH)).job_id
+        iteration = core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id, repetition=0))
+        task_id = next(t.task_id for t in core.state.tasks.values() if t.iteration_id == iteration.iteration_id)
+
+        def leased() -> bool:
+            return core.client_heartbeat(pb.ClientHeartbeatRequest(
+                client_id=iteration.client_id, read_key=iteration.read_key)).all_splits_leased
+
+        def lease() -> None:
+            answer = core.get_split(pb.GetSplitRequest(iteration_id=iteration.iteration_id, task_id=task_id),
+                                    may_wait=False)
+            assert not answer.end_of_splits and not answer.wait
+
+        return leased, lease
+
+    leased, lease = read(Dataset.range(3 * 256), 3)
+    assert not leased()  # none leased yet
+    lease()
+    lease()
+    assert not leased()  # one left
+    lease()
+    assert leased()
+
+    leased, lease = read(Dataset.range(256).repeat(), -1)  # endless: there is always another split
+    for _ in range(3):
+        lease()
+    assert not leased()
+
+
 def test_epochs_read_back_to_back_deliver_every_element_once():
     """Ten epochs, each a new iteration: each starts on the workers that just ended the one before."""
     with TestCluster(num_workers=2) as cluster:

@@ -164,16 +164,21 @@ class _Credits:
                 self._cond.notify_all()
 
 
-def report_pause_s(sent_at: float, now: float) -> float:
+def report_pause_s(sent_at: float, now: float, all_splits_leased: bool = False) -> float:
     """How long a reader woken at ``now`` (monotonic) by a split end waits before it reports, its last
     heartbeat having been sent at ``sent_at``: no more than ``MAX_HEARTBEATS_PER_S`` heartbeats a second,
     counted from the last one, so that a split end after a quiet while (an epoch's last) is reported at once.
+    Not at all once the dispatcher said every split is leased (``all_splits_leased``): any split end may
+    then be the epoch's last, which ends the epoch when the dispatcher hears of it, and no more split ends
+    are left than splits leased.
 
     Example::
 
-        >>> report_pause_s(10.0, 12.0), round(report_pause_s(10.0, 10.005), 3)
-        (0.0, 0.015)
+        >>> report_pause_s(10.0, 12.0), round(report_pause_s(10.0, 10.005), 3), report_pause_s(10.0, 10.005, True)
+        (0.0, 0.015, 0.0)
     """
+    if all_splits_leased:
+        return 0.0
     return max(0.0, sent_at + 1 / MAX_HEARTBEATS_PER_S - now)
 
 
@@ -576,8 +581,11 @@ class IterationReader:
                 # Woken by a split end or a finished task: report now, but not more than MAX_HEARTBEATS_PER_S
                 # times a second however fast splits end. The pace counts from the last heartbeat, not from
                 # the wake: the epoch's last split end, after a quiet while, is reported at once (the
-                # dispatcher ends the iteration, and tells its workers, when it hears of it).
-                self._stop.wait(report_pause_s(sent, time.monotonic()))
+                # dispatcher ends the iteration, and tells its workers, when it hears of it); and once every
+                # split is leased, every split end is (any may be the last).
+                pause = report_pause_s(sent, time.monotonic(), response.all_splits_leased)
+                if pause:
+                    self._stop.wait(pause)
             self._wake.clear()
 
     def _heartbeat_interval(self, response: dispatcher_pb2.ClientHeartbeatResponse, interval: float) -> float:

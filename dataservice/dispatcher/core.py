@@ -740,6 +740,7 @@ class DispatcherCore:
                 heartbeat_interval_ms=int((self._client_heartbeat_s() if coordinated else self._reader_heartbeat_s())
                                           * 1000),
                 more_tasks_expected=self._more_tasks_expected(iteration),
+                all_splits_leased=self._all_splits_leased(iteration),
                 waiting_for_workers=static_workers.waiting_for(self.state, self.config, iteration,
                                                                self._worker_lost),
                 read_error=self._read_errors.get(iteration.job_id, ""))
@@ -768,6 +769,15 @@ class DispatcherCore:
                 if tasks:
                     self._rounds.published(iteration.iteration_id)
             return response
+
+    def _all_splits_leased(self, iteration: IterationInfo) -> bool:
+        """Whether no new split is left to lease: from then on each split a reader reports ended may be the
+        iteration's last, and the reader reports it at once rather than at its paced rate (the epoch's end
+        waits for that report). False for an endless source, and for a read that takes no splits."""
+        if iteration.finished or not iteration.next_split:
+            return False
+        num_splits = self.state.dataset_of_iteration(iteration.iteration_id).num_splits
+        return num_splits != INFINITE and iteration.next_split >= num_splits
 
     def _whole_task_list(self, iteration: IterationInfo) -> bytes:
         """An iteration's task list as a ClientHeartbeatResponse holding only ``tasks`` (TaskDefs of the live
