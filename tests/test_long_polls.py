@@ -117,15 +117,16 @@ def test_a_wait_says_whether_it_was_woken_or_timed_out_and_raises_neither():
     asyncio.run(main())
 
 
-def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_per_turn_of_the_loop():
-    # A new job is news to every worker: their polls wake WAKE_BATCH per turn, and what the loop has to do
-    # meanwhile (a new call, a due timer) runs between two batches, not after all of them.
+def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_at_a_time_spaced_apart():
+    # A new job is news to every worker: their polls wake WAKE_BATCH at a time, WAKE_SPACING_S apart, and
+    # what the loop has to do meanwhile (a new call, a due timer) runs between two batches, not after all.
     import asyncio
 
-    from dataservice.dispatcher.long_polls import WAKE_BATCH, Wakeups
+    from dataservice.dispatcher.long_polls import WAKE_BATCH, WAKE_SPACING_S, Wakeups
 
     wakeups = Wakeups()
     order: list = []
+    woken_at: dict = {}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -134,6 +135,7 @@ def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_per_turn_of_the_lo
             since = wakeups.generation(("worker", i))
             assert await wakeups.wait(("worker", i), since, 10.0) is True
             order.append(i)
+            woken_at[i] = loop.time()
 
         polls = [asyncio.ensure_future(poll(i)) for i in range(10 * WAKE_BATCH)]
         await asyncio.sleep(0)  # every poll waits
@@ -144,4 +146,76 @@ def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_per_turn_of_the_lo
     asyncio.run(main())
     assert sorted(i for i in order if i != "other") == list(range(10 * WAKE_BATCH))
     assert order.index("other") < WAKE_BATCH + 1  # not behind the 320 polls woken
-    assert wakeups.wake_turns >= 10
+    assert wakeups.wake_turns == 10 and wakeups.fan_outs == 1
+    # The loop's clock: a batch is woken no sooner than WAKE_SPACING_S after the one before.
+    firsts = [woken_at[b * WAKE_BATCH] for b in range(10)]
+    assert all(later - earlier >= WAKE_SPACING_S * 0.99 for earlier, later in zip(firsts, firsts[1:])), firsts
+
+
+def test_a_targeted_wake_is_not_queued_behind_a_fan_out_being_paced():
+    # One worker's news (or an iteration's freed split) while thousands are being woken a batch at a time:
+    # its poll wakes at once, not WAKE_SPACING_S per batch later.
+    import asyncio
+
+    from dataservice.dispatcher.long_polls import WAKE_BATCH, Wakeups
+
+    wakeups = Wakeups()
+    woken: list = []
+
+    async def main() -> None:
+        async def poll(key) -> None:
+            since = wakeups.generation(key)
+            assert await wakeups.wait(key, since, 10.0) is True
+            woken.append(key)
+
+        fleet = [asyncio.ensure_future(poll(("worker", i))) for i in range(20 * WAKE_BATCH)]
+        split = asyncio.ensure_future(poll(("iteration", 7)))
+        await asyncio.sleep(0)
+        wakeups.notify([("worker", i) for i in range(20 * WAKE_BATCH)])  # paced: about a second in all
+        await asyncio.sleep(0)
+        wakeups.notify([("iteration", 7)])
+        await asyncio.wait_for(split, 10)
+        assert len(woken) <= 2 * WAKE_BATCH + 1, "the iteration's poll waited behind the fan-out"
+        await asyncio.wait_for(asyncio.gather(*fleet), 10)
+
+    asyncio.run(main())
+    assert len(woken) == 20 * WAKE_BATCH + 1
+
+
+def test_a_new_iterations_tasks_for_many_workers_are_news_woken_as_one_paced_fan_out():
+    # The tasks of a new iteration are committed one per worker: notified a commit at a time, each notify
+    # would wake its one worker at once, and 2,000 workers would all be answered in one burst.
+    import asyncio
+
+    from dataservice.data.serialization import serialize_dataset
+    from dataservice.dispatcher.core import DispatcherCore
+    from dataservice.dispatcher.long_polls import WAKE_BATCH
+    from dataservice.service.config import DispatcherConfig
+
+    core = DispatcherCore(DispatcherConfig())
+    workers = [f"10.0.0.{i}:5051" for i in range(2 * WAKE_BATCH + 3)]
+    for i, address in enumerate(workers):
+        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=f"w{i}"))
+    dataset_id = core.register_dataset(pb.RegisterDatasetRequest(
+        dataset_def=serialize_dataset(Dataset.range(1000)), num_splits=4)).dataset_id
+    job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(
+        dataset_id=dataset_id, processing_mode=state_pb2.DISTRIBUTED_EPOCH)).job_id
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def poll(address: str) -> bool:
+            key = ("worker", address)
+            return await core.wakeups.wait(key, core.wakeups.generation(key), 10.0)
+
+        polls = [asyncio.ensure_future(poll(a)) for a in workers]
+        await asyncio.sleep(0)  # every poll waits
+        assert core.wakeups.waiting() == len(workers)
+        # As the server runs it: on a pool thread, the core notifying from there.
+        await loop.run_in_executor(None, core.get_or_create_iteration,
+                                   pb.GetOrCreateIterationRequest(job_id=job_id, repetition=0))
+        assert await asyncio.wait_for(asyncio.gather(*polls), 10) == [True] * len(workers)  # all had news
+
+    asyncio.run(main())
+    assert len(core.state.tasks) == len(workers)
+    assert core.wakeups.fan_outs == 1 and core.wakeups.wake_turns == 3  # 67 waiters: 32, 32 and 3

@@ -185,6 +185,8 @@ class DispatcherCore:
         self._long_polls = 0
         #: Which long polls a committed change concerns (``long_polls``): the asyncio server waits on them.
         self.wakeups = Wakeups()
+        # Inside _one_fan_out: the keys commits concern, notified together when it ends (else None).
+        self._deferred_wakes: Optional[list] = None
         #: What readers' heartbeats need of their iterations' task lists: only what changed (soft state).
         self._task_lists = ReaderTaskLists()
         # Recently pruned jobs' keys, for the error a late client gets (volatile, bounded).
@@ -227,12 +229,31 @@ class DispatcherCore:
             self.wakeups.notify((ALL,))  # a failed write may have rolled the state back: every poll re-reads it
             raise
         self._cond.notify_all()
-        self.wakeups.notify(keys)
+        if self._deferred_wakes is not None:
+            self._deferred_wakes.extend(keys)
+        else:
+            self.wakeups.notify(keys)
         kind = update.WhichOneof("kind")
         if kind == "prune_iteration":
             self.wakeups.forget(("iteration", update.prune_iteration.iteration_id))
         elif kind == "prune_worker":
             self.wakeups.forget(("worker", update.prune_worker.worker_address))
+
+    @contextlib.contextmanager
+    def _one_fan_out(self):
+        """Under the lock: the long polls that the commits inside concern are woken as one notification when
+        it ends, so that news for thousands of workers at once (a new job's tasks, one commit each) is
+        paced by ``Wakeups`` as one fan-out, not woken a commit at a time."""
+        if self._deferred_wakes is not None:  # nested: the outer one notifies
+            yield
+            return
+        self._deferred_wakes = []
+        try:
+            yield
+        finally:
+            keys, self._deferred_wakes = self._deferred_wakes, None
+            if keys:
+                self.wakeups.notify(list(dict.fromkeys(keys)))
 
     def _wake_keys(self, update: state_pb2.Update) -> list:
         """The long polls ``update`` may have news for: the workers whose tasks it changes (a
@@ -572,9 +593,10 @@ class DispatcherCore:
                 # Tasks exist only while an iteration has readers (see _assign_tasks): its first reader (of a new
                 # iteration, or one left unread) has them made. A later reader finds them made, and worker
                 # heartbeats keep them: walking every worker for every reader would cost O(workers x readers).
-                for address in list(self.state.workers):
-                    if not self._worker_lost(address):
-                        self._assign_tasks(address, only=iteration)
+                with self._one_fan_out():
+                    for address in list(self.state.workers):
+                        if not self._worker_lost(address):
+                            self._assign_tasks(address, only=iteration)
             return dispatcher_pb2.GetOrCreateIterationResponse(iteration_id=iteration.iteration_id,
                                                                client_id=client_id, existing=existing,
                                                                read_key=iteration.read_key)
