@@ -12,8 +12,9 @@ asyncio loop each) and do no data work: the dispatcher is what is under test.
   takes ``--split-interval-ms`` to produce a split, and asks for the next with GetSplit (``max_splits`` as
   the real worker's, ``--max-splits``: a large fleet's answer leases several, which then take as long each).
 - A simulated reader joins one of J shared distributed_epoch jobs (GetOrCreateJob, GetOrCreateIteration),
-  then sends ClientHeartbeat at the client's interval, reporting a few new offset ranges each time (and a
-  split's total when it ends), as ``client/reader.py`` does.
+  then sends ClientHeartbeat at the client's interval, reporting the splits delivered since its last one,
+  each whole with its total, as ``client/reader.py`` does: the splits its job's simulated workers in the same
+  process produced (so the dispatcher's leases are the splits in flight, as with real readers).
 - Beside them, 2 real workers (``dataservice worker``) and one real reader (``distribute`` over
   ``range(20000)``, distributed_epoch): the read must deliver every element exactly once; its speed is
   compared with the same read on the dispatcher before the fleet starts.
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
 import os
@@ -76,11 +78,12 @@ TABLE_READERS = (1000, 10000)
 #: The real read beside the fleet.
 REAL_READ_ELEMENTS = 20_000
 REAL_WORKERS = 2
-#: Elements each reader reports per range, ranges per split, before the split ends.
-CHUNK = 32
+#: Elements in a simulated split: a reader reports each split it was delivered whole, with this total.
+SPLIT_ELEMENTS = 4096
+#: The most splits a reader reports delivered in one heartbeat (the rest wait for its next).
+MAX_SPLITS_PER_BEAT = 64
 #: The longest interval a reader accepts from the dispatcher (client/reader.py's MAX_CLIENT_HEARTBEAT_INTERVAL_S).
 MAX_CLIENT_INTERVAL_S = 15.0
-RANGES_PER_SPLIT = 4
 #: A heartbeat later than this past its due time counts as late (the issue's target).
 LATE_S = 0.100
 START_TIMEOUT_S = 120.0
@@ -296,6 +299,10 @@ class _Sim:
         has_field = "max_splits" in dispatcher_pb2.GetSplitRequest.DESCRIPTOR.fields_by_name
         self._max_splits = {"max_splits": spec.get("max_splits", 1)} if has_field else {}
         self.loop_lag: list = []
+        # Splits this process's workers leased, per job, not yet reported delivered by its readers: a split a
+        # worker produced reaches a reader, which reports it (so the dispatcher's leases stay the splits in
+        # flight, as with real readers; readers reporting splits no worker leased left every lease open).
+        self.delivered: dict = collections.defaultdict(collections.deque)
 
     async def _call(self, index: int, method: str, request, timeout: float):
         started = time.monotonic()
@@ -437,15 +444,17 @@ class _Sim:
                 finished.add(task.task_id)
                 return
             if not response.wait:
-                leased = 1 + len(getattr(response, "more_splits", ()))  # an older dispatcher leases one
+                more = list(getattr(response, "more_splits", ()))  # an older dispatcher leases one
+                leased = 1 + len(more)
                 await asyncio.sleep(leased * period * random.uniform(0.8, 1.2))
+                # Produced: its readers get them now (and report them at their next heartbeat).
+                job = self.spec["dataset_ids"].index(task.dataset_id)
+                self.delivered[job].extend([response.split_index] + [m.split_index for m in more])
 
     # --- readers ---
     async def reader(self, r: int) -> None:
         pb, spb = self.pb, self.state_pb2
         job = r % len(self.spec["dataset_ids"])
-        peers = self.spec["readers_per_job"][job]
-        index_in_job = r // len(self.spec["dataset_ids"])
         await self._sleep_until(self.t0 + random.uniform(0, self.spec["ramp_s"]))
         try:
             job_id = (await self._call(r, "GetOrCreateJob", pb.GetOrCreateJobRequest(
@@ -464,23 +473,19 @@ class _Sim:
         # unchanged list out), and the interval the dispatcher asks for (stretched for a large fleet).
         known_version = 0
         versioned = "known_tasks_version" in pb.ClientHeartbeatRequest.DESCRIPTOR.fields_by_name
-        beat = 0
         elements = 0
         first = time.monotonic()
         last_start = None
+        delivered = self.delivered[job]
         while time.monotonic() < self.end:
-            split, step = divmod(beat, RANGES_PER_SPLIT)
-            # What this reader holds of its current split: its every peers-th chunk, one more per beat;
-            # all the job's readers together hold the split whole once each reported its last chunk.
-            flat = []
-            for t in range(step + 1):
-                start = (t * peers + index_in_job) * CHUNK
-                flat += [start, start + CHUNK]
-            total = RANGES_PER_SPLIT * peers * CHUNK if step == RANGES_PER_SPLIT - 1 else -1
-            elements += CHUNK
+            # As client/reader.py reports: the splits delivered since the last heartbeat, each whole, with its
+            # total (the split's end). The job's readers in this process share what its workers produced.
+            splits = [delivered.popleft() for _ in range(min(MAX_SPLITS_PER_BEAT, len(delivered)))]
+            elements += SPLIT_ELEMENTS * len(splits)
             request = pb.ClientHeartbeatRequest(
                 client_id=it.client_id, read_key=it.read_key,
-                progress=[spb.SplitProgress(stream_id=0, split_index=split, ranges=flat, total=total)],
+                progress=[spb.SplitProgress(stream_id=0, split_index=split, ranges=[0, SPLIT_ELEMENTS],
+                                            total=SPLIT_ELEMENTS) for split in splits],
                 stats=pb.ReaderStatsReport(elements=elements, bytes=elements * 8, stall_us=0,
                                            elapsed_us=int((time.monotonic() - first) * 1e6)))
             if versioned:
@@ -496,9 +501,9 @@ class _Sim:
                     if self.rec.inside(started):
                         self.rec.lost["readers"] += 1
                     return
+                delivered.extendleft(reversed(splits))  # not reported: the next heartbeat reports them
                 await asyncio.sleep(interval)
                 continue
-            beat += 1
             if versioned and not response.tasks_unchanged:
                 known_version = response.tasks_version
             steady = min(MAX_CLIENT_INTERVAL_S, (response.heartbeat_interval_ms or 1000) / 1000)
@@ -634,14 +639,13 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
 
         # The fleet: readers spread over the jobs, workers and readers over the simulator processes.
         t0 = time.time() + 3.0  # the simulators' imports
-        per_job = [len(range(j, readers, args.jobs)) for j in range(args.jobs)]
         sims = []
         for s in range(args.sim_procs):
             spec = {"address": f"localhost:{port}", "token": token, "t0_unix": t0, "warmup_s": warmup_s,
                     "duration_s": args.duration_s, "ramp_s": min(warmup_s * 0.6, 5.0),
                     "worker_ids": list(range(s, workers, args.sim_procs)),
                     "reader_ids": list(range(s, readers, args.sim_procs)), "dataset_ids": dataset_ids,
-                    "readers_per_job": per_job, "worker_interval_ms": worker_interval_ms,
+                    "worker_interval_ms": worker_interval_ms,
                     "client_interval_s": client_interval_s, "split_interval_s": args.split_interval_ms / 1000,
                     "max_splits": args.max_splits,
                     "task_lists": args.task_lists, "channels": args.channels, "seed": args.seed * 1000 + s,
