@@ -289,6 +289,48 @@ def test_infinite_datasets_never_run_out_of_splits(core):
     assert [split(core, it.iteration_id, task_id).split_index for _ in range(100)] == list(range(100))
 
 
+def test_an_endless_reads_done_splits_stay_a_few_ranges_and_replay_from_a_checkpoint(core):
+    # A repeat()ed read completes splits for as long as it runs: its done splits are kept, and checkpointed,
+    # as ranges, not a key per split (a set of them grew for months, and every checkpoint listed them all).
+    heartbeat(core, "w1:1")
+    it = iteration(core, job(core, register(core, num_splits=INFINITE), DE))
+    (task_id,) = core.state.iterations[it.iteration_id].tasks
+    leased = [split(core, it.iteration_id, task_id).split_index for _ in range(3000)]
+    ended = [s for s in leased if s != 1500]  # one split still in flight
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=it.client_id, read_key=it.read_key, progress=[
+        state_pb2.SplitProgress(stream_id=0, split_index=s, ranges=[0, 8], total=8) for s in ended]))
+    done = core.state.iterations[it.iteration_id].done
+    assert len(done) == 2999 and (0, 1499) in done and (0, 1500) not in done and (0, 1501) in done
+    (snapshot,) = [u.iteration_snapshot for u in core.state.to_updates() if u.HasField("iteration_snapshot")]
+    assert list(snapshot.done_ranges) == [0, 0, 1500, 0, 1501, 3000] and not snapshot.done
+    replayed = DispatcherState()
+    for update in core.state.to_updates():
+        replayed.apply(update)
+    assert replayed.iterations[it.iteration_id].done == done
+    # The leases, packed too (a fleet's are tens of thousands): the one in flight, and the task's last answer.
+    assert list(snapshot.lease_triples) == [0, 1500, task_id] and not snapshot.leases
+    assert list(snapshot.last_assignment_quads) == [0, 2999, task_id, 0] and not snapshot.last_assignments
+    # A checkpoint written before these fields listed (stream, split) pairs and a message per lease: it still loads.
+    Lease = state_pb2.IterationSnapshotUpdate.Lease
+    old = state_pb2.IterationSnapshotUpdate()
+    old.CopyFrom(snapshot)
+    for field in ("done_ranges", "lease_triples", "last_assignment_quads"):
+        old.ClearField(field)
+    old.done.extend([0, 0, 0, 1, 0, 7])
+    old.leases.append(Lease(stream_id=0, split_index=1500, task_id=task_id))
+    old.pending.append(Lease(stream_id=0, split_index=1498, task_id=task_id))
+    old.last_assignments.append(Lease(stream_id=0, split_index=2999, task_id=task_id, request_id=0))
+    older = DispatcherState()
+    for update in core.state.to_updates():
+        if update.HasField("iteration_snapshot"):
+            update = state_pb2.Update(iteration_snapshot=old)
+        older.apply(update)
+    restored = older.iterations[it.iteration_id]
+    assert set(restored.done) == {(0, 0), (0, 1), (0, 7)}
+    assert dict(restored.leases) == {(0, 1500): task_id} and restored.pending == {(0, 1498): task_id}
+    assert older.tasks[task_id].last_splits == (2999,)
+
+
 def test_split_for_an_unknown_iteration_or_task_is_not_found(core):
     heartbeat(core, "w1:1")
     it = iteration(core, job(core, register(core), DE))

@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from dataservice.proto import state_pb2
 from dataservice.service.intervals import OffsetSet
 
 __all__ = ["DispatcherState", "DatasetInfo", "WorkerInfo", "JobInfo", "JobKey", "IterationInfo", "TaskInfo",
-           "ClientInfo", "SaveInfo", "IterationState", "SplitLeases", "StateUpdateError"]
+           "ClientInfo", "SaveInfo", "IterationState", "SplitLeases", "DoneSplits", "StateUpdateError"]
 
 
 class StateUpdateError(ValueError):
@@ -123,6 +123,84 @@ class JobInfo:
         return JobKey(self.name, self.dataset_id, self.dataset_name, resume_digest(self.resume))
 
 
+class DoneSplits:
+    """The splits of an iteration whose every element a client holds, ``(stream id, split index)`` keys kept
+    as ranges of split indices per stream. An endless read (``repeat()``) completes splits for as long as it
+    runs, mostly in order: a set of every key grew by a tuple per split for months, and a journal checkpoint
+    listed them all under the dispatcher's lock; the ranges stay about as many as the splits in flight.
+
+    Example::
+
+        >>> done = DoneSplits([(0, 0), (0, 1), (0, 3)])
+        >>> (0, 1) in done, (0, 2) in done, len(done), done.flat_ranges()
+        (True, False, 3, [0, 0, 2, 0, 3, 4])
+    """
+
+    __slots__ = ("_streams", "_count")
+
+    def __init__(self, keys=()):
+        self._streams: dict[int, OffsetSet] = {}
+        self._count = 0
+        for key in keys:
+            self.add(key)
+
+    @classmethod
+    def from_flat_ranges(cls, flat) -> "DoneSplits":
+        """From ``[stream, first split, end split, ...]`` (``flat_ranges``, a checkpoint's form)."""
+        done = cls()
+        values = list(flat)
+        for stream, start, end in zip(values[0::3], values[1::3], values[2::3]):
+            done.add_range(stream, start, end)
+        return done
+
+    def add(self, key: tuple) -> None:
+        stream, split = key
+        ranges = self._streams.get(stream)
+        if ranges is None:
+            ranges = self._streams[stream] = OffsetSet()
+        elif split in ranges:
+            return
+        ranges.add(split, split + 1)
+        self._count += 1
+
+    def add_range(self, stream: int, start: int, end: int) -> None:
+        """Adds the splits ``start .. end - 1`` of ``stream``."""
+        ranges = self._streams.setdefault(stream, OffsetSet())
+        self._count += sum(b - a for a, b in ranges.missing(start, end))
+        ranges.add(start, end)
+
+    def flat_ranges(self) -> list[int]:
+        """``[stream, first split, end split, ...]``, streams in order."""
+        out: list[int] = []
+        for stream in sorted(self._streams):
+            for start, end in self._streams[stream].ranges:
+                out += (stream, start, end)
+        return out
+
+    def __contains__(self, key) -> bool:
+        ranges = self._streams.get(key[0])
+        return ranges is not None and key[1] in ranges
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self):
+        for stream in sorted(self._streams):
+            for start, end in self._streams[stream].ranges:
+                for split in range(start, end):
+                    yield stream, split
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, DoneSplits):
+            return self._count == other._count and self.flat_ranges() == other.flat_ranges()
+        if isinstance(other, (set, frozenset)):
+            return len(other) == self._count and all(key in self for key in other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"DoneSplits({self.flat_ranges()})"
+
+
 class SplitLeases(dict):
     """An iteration's leases, ``(stream id, split index) -> task producing it``, that also know each task's
     keys: revoking a task (a lost worker's) touches its own leases, not every lease of the iteration.
@@ -205,7 +283,7 @@ class IterationInfo:
     pending: dict = dataclasses.field(default_factory=dict)   # key -> revoked task that held it
     progress: dict = dataclasses.field(default_factory=dict)  # key -> OffsetSet clients hold
     totals: dict = dataclasses.field(default_factory=dict)    # key -> elements the split produced
-    done: set = dataclasses.field(default_factory=set)        # keys whose every element a client holds
+    done: DoneSplits = dataclasses.field(default_factory=DoneSplits)  # keys whose every element a client holds
     # Elastic readers: key -> reader index -> OffsetSet it holds (``progress`` is their intersection); and the
     # reader indices clients have read as (a reader index is read by one reader, once).
     reader_progress: dict = dataclasses.field(default_factory=dict)
@@ -518,7 +596,7 @@ class DispatcherState:
         iteration.pruned = True
         iteration.leases, iteration.pending, iteration.progress, iteration.totals = SplitLeases(), {}, {}, {}
         iteration.reader_progress = {}
-        iteration.done = set()
+        iteration.done = DoneSplits()
 
     def _drop_tasks(self, iteration: IterationInfo) -> None:
         for task_id in iteration.tasks:
@@ -617,27 +695,36 @@ class DispatcherState:
         iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
         if u.state not in _STATE_CODES:
             raise StateUpdateError(f"{what}: unknown iteration state {u.state}")
-        for last in u.last_assignments:
-            self._need(self.tasks, last.task_id, "task", what)
+        q = u.last_assignment_quads
+        # (task id, split index, request id) of each task's last answer, in order, from either form.
+        last_assignments = [(last.task_id, last.split_index, last.request_id) for last in u.last_assignments] + \
+            list(zip(q[2::4], q[1::4], q[3::4]))
+        for task_id, _, _ in last_assignments:
+            self._need(self.tasks, task_id, "task", what)
         iteration.next_split = u.next_split
         iteration.state = _STATE_CODES[u.state]
         if iteration.finished:
             self.active_iterations.pop(u.iteration_id, None)
-        iteration.leases = SplitLeases({(lease.stream_id, lease.split_index): lease.task_id for lease in u.leases})
+        leases = {(lease.stream_id, lease.split_index): lease.task_id for lease in u.leases}
+        leases.update(_keyed_triples(u.lease_triples))
+        iteration.leases = SplitLeases(leases)
         iteration.pending = {(lease.stream_id, lease.split_index): lease.task_id for lease in u.pending}
+        iteration.pending.update(_keyed_triples(u.pending_triples))
         iteration.progress = {(p.stream_id, p.split_index): OffsetSet.from_flat(p.ranges)
                               for p in u.progress if p.ranges}
         iteration.totals = {(p.stream_id, p.split_index): p.total for p in u.progress if p.total >= 0}
-        iteration.done = set(zip(u.done[0::2], u.done[1::2]))
+        iteration.done = DoneSplits(zip(u.done[0::2], u.done[1::2]))  # a checkpoint written before done_ranges
+        for stream, start, end in zip(u.done_ranges[0::3], u.done_ranges[1::3], u.done_ranges[2::3]):
+            iteration.done.add_range(stream, start, end)
         iteration.claimed_readers = set(u.claimed_readers)
         answered: set = set()  # the tasks whose last answer this snapshot has begun to list
-        for last in u.last_assignments:
-            task = self.tasks[last.task_id]
-            if last.task_id in answered:
-                task.last_splits += (last.split_index,)
+        for task_id, split_index, request_id in last_assignments:
+            task = self.tasks[task_id]
+            if task_id in answered:
+                task.last_splits += (split_index,)
             else:
-                answered.add(last.task_id)
-                task.last_request_id, task.last_splits = last.request_id, (last.split_index,)
+                answered.add(task_id)
+                task.last_request_id, task.last_splits = request_id, (split_index,)
 
     # --- checkpoints --------------------------------------------------------------
     def to_updates(self) -> list[state_pb2.Update]:
@@ -703,24 +790,19 @@ class DispatcherState:
                     save_id=save.save_id, group=group, worker_address=address, attempt=attempt)))
             if save.finished:
                 out.append(U(finish_save=state_pb2.FinishSaveUpdate(save_id=save.save_id, error=save.error)))
-        Lease = state_pb2.IterationSnapshotUpdate.Lease
         for it in self.iterations.values():
-            done: list[int] = []
-            for stream, split in sorted(it.done):
-                done += (stream, split)
             out.append(U(iteration_snapshot=state_pb2.IterationSnapshotUpdate(
                 iteration_id=it.iteration_id, next_split=it.next_split,
-                leases=[Lease(stream_id=k[0], split_index=k[1], task_id=v) for k, v in sorted(it.leases.items())],
-                pending=[Lease(stream_id=k[0], split_index=k[1], task_id=v) for k, v in sorted(it.pending.items())],
+                lease_triples=[v for (stream, split), task in it.leases.items() for v in (stream, split, task)],
+                pending_triples=[v for (stream, split), task in it.pending.items() for v in (stream, split, task)],
                 progress=[state_pb2.SplitProgress(stream_id=k[0], split_index=k[1], ranges=v.flat(),
                                                   total=it.totals.get(k, -1))
                           for k, v in sorted(it.progress.items())]
                 + [state_pb2.SplitProgress(stream_id=k[0], split_index=k[1], total=n)
                    for k, n in sorted(it.totals.items()) if k not in it.progress],
-                done=done, state=_STATE_NUMBERS[it.state],
-                last_assignments=[Lease(stream_id=self.tasks[t].stream_id, split_index=split,
-                                        task_id=t, request_id=self.tasks[t].last_request_id)
-                                  for t in it.tasks for split in self.tasks[t].last_splits],
+                done_ranges=it.done.flat_ranges(), state=_STATE_NUMBERS[it.state],
+                last_assignment_quads=[v for t in it.tasks for split in self.tasks[t].last_splits
+                                       for v in (self.tasks[t].stream_id, split, t, self.tasks[t].last_request_id)],
                 claimed_readers=sorted(it.claimed_readers))))
             # Elastic readers' own holdings, as they reported them (applied after the snapshot: progress only grows).
             for key, readers in sorted(it.reader_progress.items()):
@@ -734,6 +816,11 @@ class DispatcherState:
         return out
 
 
+def _keyed_triples(flat) -> Iterable[tuple[tuple[int, int], int]]:
+    """``((stream, split), task)`` of each ``stream, split, task`` triple of a flattened list."""
+    return zip(zip(flat[0::3], flat[1::3]), flat[2::3])
+
+
 _STATE_CODES = {0: IterationState.ACTIVE, 1: IterationState.FINISHED, 2: IterationState.GARBAGE_COLLECTED}
 _STATE_NUMBERS = {v: k for k, v in _STATE_CODES.items()}
 
@@ -744,7 +831,7 @@ def _start_at(iteration: IterationInfo, resume: state_pb2.ResumePoint) -> None:
     producing it leaves them out (GetSplitResponse.skip_ranges) and it is done once the rest is delivered."""
     ranges = list(resume.done_groups)
     for start, end in zip(ranges[::2], ranges[1::2]):
-        iteration.done.update((0, group) for group in range(start, end))
+        iteration.done.add_range(0, start, end)
     for p in resume.partial:
         if p.ranges:
             iteration.progress[(0, p.split_index)] = OffsetSet.from_flat(p.ranges)
