@@ -303,6 +303,9 @@ class _Sim:
         # worker produced reaches a reader, which reports it (so the dispatcher's leases stay the splits in
         # flight, as with real readers; readers reporting splits no worker leased left every lease open).
         self.delivered: dict = collections.defaultdict(collections.deque)
+        # The jobs this process has readers of (with fewer readers than processes, some have none: the splits of
+        # such a job stay leased, as when nobody reads them).
+        self.read_jobs = {r % len(spec["dataset_ids"]) for r in spec["reader_ids"]}
 
     async def _call(self, index: int, method: str, request, timeout: float):
         started = time.monotonic()
@@ -449,7 +452,8 @@ class _Sim:
                 await asyncio.sleep(leased * period * random.uniform(0.8, 1.2))
                 # Produced: its readers get them now (and report them at their next heartbeat).
                 job = self.spec["dataset_ids"].index(task.dataset_id)
-                self.delivered[job].extend([response.split_index] + [m.split_index for m in more])
+                if job in self.read_jobs:
+                    self.delivered[job].extend([response.split_index] + [m.split_index for m in more])
 
     # --- readers ---
     async def reader(self, r: int) -> None:
