@@ -191,11 +191,9 @@ class DoneSplits:
                     yield stream, split
 
     def __eq__(self, other) -> bool:
-        if isinstance(other, DoneSplits):
-            return self._count == other._count and self.flat_ranges() == other.flat_ranges()
-        if isinstance(other, (set, frozenset)):
-            return len(other) == self._count and all(key in self for key in other)
-        return NotImplemented
+        if not isinstance(other, DoneSplits):
+            return NotImplemented
+        return self._count == other._count and self.flat_ranges() == other.flat_ranges()
 
     def __repr__(self) -> str:
         return f"DoneSplits({self.flat_ranges()})"
@@ -713,9 +711,9 @@ class DispatcherState:
         iteration.progress = {(p.stream_id, p.split_index): OffsetSet.from_flat(p.ranges)
                               for p in u.progress if p.ranges}
         iteration.totals = {(p.stream_id, p.split_index): p.total for p in u.progress if p.total >= 0}
-        iteration.done = DoneSplits(zip(u.done[0::2], u.done[1::2]))  # a checkpoint written before done_ranges
-        for stream, start, end in zip(u.done_ranges[0::3], u.done_ranges[1::3], u.done_ranges[2::3]):
-            iteration.done.add_range(stream, start, end)
+        iteration.done = DoneSplits.from_flat_ranges(u.done_ranges)
+        for key in zip(u.done[0::2], u.done[1::2]):  # a checkpoint written before done_ranges
+            iteration.done.add(key)
         iteration.claimed_readers = set(u.claimed_readers)
         answered: set = set()  # the tasks whose last answer this snapshot has begun to list
         for task_id, split_index, request_id in last_assignments:
