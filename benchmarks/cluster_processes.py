@@ -301,13 +301,16 @@ def process_stats(pid: int) -> tuple[Optional[float], Optional[int]]:
     return rss, threads
 
 
-def process_cpu_s(pid: int) -> Optional[float]:
-    """CPU seconds (user + system) process ``pid`` has used, from /proc/<pid>/stat; None where there is none."""
+def process_cpu_s(pid: int, children: bool = False) -> Optional[float]:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc/<pid>/stat; None where there is none.
+    ``children``: plus what its exited (and reaped) children used, e.g. the fault-tolerant dispatcher's
+    checkpoint writers."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             # The command name may hold spaces and parentheses: the fields start after the last ")".
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
 

@@ -254,6 +254,7 @@ class _Recorder:
         self.worker_gaps: list = []       # time between two heartbeats of one worker reaching us
         self.client_gaps: list = []       # time between two heartbeats of one reader starting
         self.lost: dict[str, int] = {"readers": 0}  # readers told they are unknown (released as silent)
+        self.rejoined = 0  # readers that released their read and joined again (--rejoin-per-s)
         # WorkerHeartbeats sent inside the window by kind (full list, delta), and answers asking a resync.
         self.task_lists: dict[str, int] = {"full": 0, "delta": 0, "resync_asked": 0}
         # Started before the window opened (registered / joined their job), and never started at all.
@@ -456,22 +457,45 @@ class _Sim:
                     self.delivered[job].extend([response.split_index] + [m.split_index for m in more])
 
     # --- readers ---
+    async def _join(self, r: int, job: int):
+        """GetOrCreateJob + GetOrCreateIteration, as ``distribute`` starts a read: the iteration's answer."""
+        pb, spb = self.pb, self.state_pb2
+        job_id = (await self._call(r, "GetOrCreateJob", pb.GetOrCreateJobRequest(
+            dataset_id=self.spec["dataset_ids"][job], processing_mode=spb.DISTRIBUTED_EPOCH,
+            job_name=f"fleet-{job}"), timeout=self._bounded(60))).job_id
+        return await self._call(r, "GetOrCreateIteration", pb.GetOrCreateIterationRequest(
+            job_id=job_id, request_token=os.urandom(16)), timeout=self._bounded(60))
+
+    async def _rejoin(self, r: int, job: int, it):
+        """A trainer that restarts: its read released (ReleaseIterationClient), then joined again. The
+        old read's unreported splits are dropped: the dispatcher gives them to the job's other readers."""
+        pb = self.pb
+        try:
+            await self._call(r, "ReleaseIterationClient", pb.ReleaseIterationClientRequest(
+                client_id=it.client_id, read_key=it.read_key), timeout=self._bounded(60))
+            fresh = await self._join(r, job)
+        except self.grpc.aio.AioRpcError as exc:
+            key = f"reader rejoin: {exc.code().name}"
+            self.rec.errors[key] = self.rec.errors.get(key, 0) + 1
+            return it
+        self.rec.rejoined += 1
+        return fresh
+
     async def reader(self, r: int) -> None:
         pb, spb = self.pb, self.state_pb2
         job = r % len(self.spec["dataset_ids"])
         await self._sleep_until(self.t0 + random.uniform(0, self.spec["ramp_s"]))
         try:
-            job_id = (await self._call(r, "GetOrCreateJob", pb.GetOrCreateJobRequest(
-                dataset_id=self.spec["dataset_ids"][job], processing_mode=spb.DISTRIBUTED_EPOCH,
-                job_name=f"fleet-{job}"), timeout=self._bounded(60))).job_id
-            it = await self._call(r, "GetOrCreateIteration", pb.GetOrCreateIterationRequest(
-                job_id=job_id, request_token=os.urandom(16)), timeout=self._bounded(60))
+            it = await self._join(r, job)
         except self.grpc.aio.AioRpcError as exc:
             self.rec.ready["readers_failed"] += 1
             key = f"reader start: {exc.code().name}"
             self.rec.errors[key] = self.rec.errors.get(key, 0) + 1
             return
         self.rec.started("readers")
+        # Each reader restarts with the same chance per second, so that the fleet's readers restart
+        # ``--rejoin-per-s`` times a second in all, in the measured window.
+        rejoin_per_reader_s = self.spec.get("rejoin_per_s", 0.0) / max(1, self.spec["readers"])
         interval = self.spec["client_interval_s"]
         # As client/reader.py does: the version of the task list it has (the dispatcher then leaves an
         # unchanged list out), and the interval the dispatcher asks for (stretched for a large fleet).
@@ -512,6 +536,10 @@ class _Sim:
                 known_version = response.tasks_version
             steady = min(MAX_CLIENT_INTERVAL_S, (response.heartbeat_interval_ms or 1000) / 1000)
             await self._sleep_until(started + steady)
+            if rejoin_per_reader_s and self.rec.inside(time.monotonic()) and \
+                    random.random() < rejoin_per_reader_s * steady:
+                it = await self._rejoin(r, job, it)
+                known_version = 0
 
     async def status_poller(self) -> None:
         """GetStatus once a second, as a dashboard or ``dataservice status`` would: its latency under the fleet."""
@@ -561,6 +589,7 @@ class _Sim:
         return {"latency": r.latency, "answered": r.answered, "errors": r.errors, "worker_late": r.worker_late,
                 "early_answers": r.early_answers, "worker_gaps": r.worker_gaps, "client_gaps": r.client_gaps,
                 "lost": r.lost, "ready": r.ready, "task_lists": r.task_lists, "loop_lag": self.loop_lag,
+                "rejoined": r.rejoined,
                 "cpu_s": (cpu_window[1] - cpu_window[0]) if len(cpu_window) == 2 else None,
                 "cpu_total_s": time.process_time() - cpu0}
 
@@ -653,7 +682,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
                     "client_interval_s": client_interval_s, "split_interval_s": args.split_interval_ms / 1000,
                     "max_splits": args.max_splits,
                     "task_lists": args.task_lists, "channels": args.channels, "seed": args.seed * 1000 + s,
-                    "status_poller": s == 0}
+                    "status_poller": s == 0, "readers": readers, "rejoin_per_s": args.rejoin_per_s}
             spec_path, out_path = work / f"sim{s}.json", work / f"sim{s}.out.json"
             spec_path.write_text(json.dumps(spec))
             child = _Child([sys.executable, "-m", "benchmarks.fleet", "--_sim", str(spec_path), str(out_path)],
@@ -663,7 +692,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
 
         window_start = t0 + warmup_s
         time.sleep(max(0.0, window_start - time.time()))
-        cpu0, io0 = process_cpu_s(dispatcher.pid), _proc_fields(dispatcher.pid)
+        cpu0, io0 = process_cpu_s(dispatcher.pid, children=True), _proc_fields(dispatcher.pid)
         fsyncs0 = _journal_fsyncs(_status_json(http_port)) if args.fault_tolerant else None
         measured0 = time.monotonic()
         # The real read, beside the fleet, inside the window (on a thread: the window ends on time).
@@ -694,7 +723,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
                 else:
                     time.sleep(0.05)
         time.sleep(max(0.0, window_start + args.duration_s - time.time()))
-        cpu1, io1 = process_cpu_s(dispatcher.pid), _proc_fields(dispatcher.pid)
+        cpu1, io1 = process_cpu_s(dispatcher.pid, children=True), _proc_fields(dispatcher.pid)
         seconds = time.monotonic() - measured0
         status = _status_json(http_port)
         fsyncs1 = _journal_fsyncs(status) if args.fault_tolerant else None
@@ -790,6 +819,7 @@ def _summarize(shards: list, seconds: float, cpu0, cpu1, io0: dict, io1: dict, f
             "gap_p99_ms": _ms(_pct(merged["client_gaps"], 0.99)),
         },
         "ready": {k: sum(s["ready"][k] for s in shards) for k in shards[0]["ready"]},
+        "rejoined": sum(s.get("rejoined", 0) for s in shards),
         "worker_task_lists": {k: sum(s["task_lists"][k] for s in shards) for k in shards[0]["task_lists"]},
         "lost": {"workers_declared_lost": lost_workers, "clients_released": lost_clients,
                  "readers_unknown": sum(s["lost"]["readers"] for s in shards), "status_counts": counts},
@@ -858,7 +888,7 @@ def print_report(r: dict, out=print) -> None:
     ready = r["ready"]
     out(f"  started before the window: {ready['workers']} workers, {ready['readers']} readers; late: "
         f"{ready['workers_late']} workers, {ready['readers_late']} readers; readers that failed to start: "
-        f"{ready['readers_failed']}")
+        f"{ready['readers_failed']}" + (f"; restarted in the window: {r['rejoined']} readers" if r.get("rejoined") else ""))
     out(f"  declared lost: {lost['workers_declared_lost']} workers, {lost['clients_released']} readers released "
         f"({lost['readers_unknown']} told they are unknown); errors {r['errors'] or 'none'}")
     if r.get("kill_worker"):
@@ -965,6 +995,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dispatcher-src", metavar="DIR", default=None,
                         help="run the dispatcher, real workers and real reader from this source tree")
     parser.add_argument("--sim-procs", type=int, default=2, help="simulator processes (default 2)")
+    parser.add_argument("--rejoin-per-s", type=float, default=0.0, metavar="R",
+                        help="readers restarting in the window, a second in all: each releases its read and "
+                             "joins again (GetOrCreateJob, GetOrCreateIteration), so their latency is measured "
+                             "beside a running fleet (default 0: every reader joins once, in the warm-up)")
     parser.add_argument("--channels", type=int, default=4, help="gRPC connections per simulator process")
     parser.add_argument("--table", action="store_true",
                         help=f"run N in {TABLE_WORKERS} x M in {TABLE_READERS} and fit the growth")

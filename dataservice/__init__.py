@@ -10,33 +10,11 @@ Example::
     [0, 2, 4]
 """
 
-# ruff: noqa: E402  (the imports below must come after _quiet_grpc_core(), which must precede grpc's import)
+# ruff: noqa: E402  (the imports below must come after import_grpc(), which must precede grpc's import)
 
-import os as _os
+from dataservice.grpc_startup import import_grpc as _import_grpc
 
-
-def _quiet_grpc_core() -> None:
-    """Keeps gRPC's C-core log lines (``E1122 ... add_port.cc:83] Failed to add port``, fork-handler
-    notices, absl's "All log messages before absl::InitializeLog()") off users' terminals: every failure
-    they describe reaches the user as one of our exceptions, with a message of its own.
-
-    grpcio reads ``GRPC_VERBOSITY`` once, when ``grpc`` is first imported (measured with 1.85.1:
-    setting it later changes nothing), so this runs before anything of ours imports grpc, and
-    ``NONE`` silences the C core, traces and the fork handlers included. The variable is set only
-    for that import and removed again, so programs this process starts get gRPC's defaults; a user
-    who set ``GRPC_VERBOSITY`` or ``GRPC_TRACE`` keeps their setting and gRPC's output. If grpc was
-    imported before dataservice, gRPC's own defaults apply.
-    """
-    if "GRPC_VERBOSITY" in _os.environ or "GRPC_TRACE" in _os.environ:
-        return
-    _os.environ["GRPC_VERBOSITY"] = "NONE"
-    try:
-        import grpc  # noqa: F401
-    finally:
-        _os.environ.pop("GRPC_VERBOSITY", None)
-
-
-_quiet_grpc_core()
+_import_grpc()  # before anything of ours imports grpc: see dataservice.grpc_startup
 
 from dataservice import errors
 

@@ -43,7 +43,7 @@ TLS (``dataservice.service.tls``)::
     $ dataservice status --dispatcher localhost:5050 --tls-ca ca.pem [--tls-cert client.pem --tls-key client.key]
 
 gRPC's own log lines are kept off the terminal by ``import dataservice``, which every
-entry point runs before grpc is imported (see ``dataservice._quiet_grpc_core``).
+entry point runs before grpc is imported (see ``dataservice.grpc_startup``).
 
 The same from Python (``main`` returns the exit code instead of exiting)::
 
@@ -251,6 +251,9 @@ def _add_dispatcher_flags(parser: argparse.ArgumentParser, default_port: int) ->
     parser.add_argument("--recover-journal", action="store_true",
                         help="start although the journal in --work-dir is damaged, from what is valid before the "
                              "damage; what follows it is dropped and logged (an operator's decision)")
+    parser.add_argument("--journal-checkpoint-records", type=positive_int, metavar="N", default=None,
+                        help="with --fault-tolerant: journal records between two checkpoints, which a forked "
+                             "child writes; a start replays at most about this many (default: 10000)")
     parser.add_argument("--worker-addresses", type=_worker_addresses, metavar="A,B,...", default=None,
                         help="the fixed worker list static sharding needs (ShardingPolicy FILE, DATA, FILE_OR_DATA, "
                              "HINT), comma-separated: host:port, or host:%%port%% for any port on the host; a "
@@ -412,7 +415,7 @@ def dispatcher_config(args: argparse.Namespace) -> DispatcherConfig:
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             tls_client_ca=args.tls_client_ca, max_dataset_def_bytes=args.max_dataset_def_bytes,
                             finished_jobs_kept=args.finished_jobs_kept, recover_journal=args.recover_journal,
-                            http_port=args.http_port, worker_addresses=getattr(args, "worker_addresses", None))
+                            journal_checkpoint_records=args.journal_checkpoint_records, http_port=args.http_port, worker_addresses=getattr(args, "worker_addresses", None))
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None,

@@ -5,9 +5,13 @@ the test caught it (``tests/grpc_leak_guard.py``)."""
 
 import os
 
-from tests.cluster import cluster  # noqa: F401  (registers the fixture for every test module)
-from tests.processes import procs  # noqa: F401
-from tests.grpc_leak_guard import pytest_runtest_call  # noqa: F401  (fails a test a grpc.RpcError leaked into)
+# Before anything imports grpc: gRPC's fork handlers off, as `dataservice dispatcher` has them, so the in-process
+# fault-tolerant dispatchers of the tests write their checkpoints from a forked child (dispatcher.forked_writes).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+from tests.cluster import cluster  # noqa: F401, E402  (registers the fixture for every test module)
+from tests.processes import procs  # noqa: F401, E402
+from tests.grpc_leak_guard import pytest_runtest_call  # noqa: F401, E402  (fails a test a grpc.RpcError leaked into)
 
 # tests/containers/ builds the image and runs docker-compose.yml on a real Docker engine: `make test-containers`
 # runs it (setting this variable), `make test` does not collect it.

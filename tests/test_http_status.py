@@ -184,11 +184,17 @@ def test_pipeline_stage_latencies_from_the_stats_aggregator(http_cluster):
 
 
 def test_journal_fsync_histogram_in_fault_tolerant_mode(tmp_path):
-    with TestCluster(num_workers=1, http_port=0, fault_tolerant_mode=True, work_dir=str(tmp_path)) as cluster:
+    with TestCluster(num_workers=1, http_port=0, fault_tolerant_mode=True, work_dir=str(tmp_path),
+                     journal_checkpoint_records=5) as cluster:
         assert sorted(int(x) for x in Dataset.range(50).apply(distribute("distributed_epoch", cluster.target))) \
             == list(range(50))
         journal = cluster.dispatcher.core.store.journal
+        assert journal.wait_checkpoint()
         samples = scrape(cluster.dispatcher.http_port)
+        # Every 5 records a forked child wrote a checkpoint; the fork held the lock for a few milliseconds.
+        assert value(samples, "dataservice_journal_checkpoints_total") >= 1
+        assert value(samples, "dataservice_journal_checkpoint_fork_seconds_count") >= \
+            value(samples, "dataservice_journal_checkpoints_total")
         # Read after the journal's own figures: a scrape can only see as many fsyncs or more.
         assert value(samples, "dataservice_journal_fsync_seconds_count") >= 1
         assert value(samples, "dataservice_journal_fsync_seconds_bucket", le="+Inf") == \

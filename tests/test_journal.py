@@ -230,6 +230,8 @@ def test_checkpoints_bound_the_journal_and_replay_to_the_same_state(tmp_path):
     largest_journal = 0
     for _ in range(5000):
         core.get_split(pb.GetSplitRequest(iteration_id=iteration_id, task_id=task_id))
+        # A forked child writes each checkpoint; the journal is cut once it is in place.
+        assert store.journal.wait_checkpoint()
         largest_journal = max(largest_journal, os.path.getsize(store.journal.journal_path))
     store.wait_durable()
     assert core.state.iterations[iteration_id].next_split == 5000

@@ -20,6 +20,9 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -35,7 +38,7 @@ from dataservice.dispatcher.state import DispatcherState, StateUpdateError
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.dispatcher_client import DispatcherClient
-from tests.cluster import free_port
+from tests.cluster import free_port, wait_until
 from tests.journals import History, Recorder, build_history, comparable, files_of, write_legacy_work_dir
 
 LOGGER = "dataservice.dispatcher.journal"
@@ -299,6 +302,7 @@ def test_every_crash_point_of_a_checkpoint_starts_with_nothing_lost(tmp_path):
             register(i)
         old = files_of(live)  # just before the 20th update, whose commit takes the checkpoint
         register(19)
+        assert store.journal.wait_checkpoint()  # written by a forked child
         new = files_of(live)
         expected = comparable(core.state)
     finally:
@@ -315,6 +319,105 @@ def test_every_crash_point_of_a_checkpoint_starts_with_nothing_lost(tmp_path):
             (work_dir / file).write_bytes(data)
         assert start(work_dir) == expected, name
         assert start(work_dir) == expected, name  # and the work_dir that start rewrote
+
+
+def held_snapshot(store: JournaledStore, gate: Path) -> tuple[Callable, Callable[[], None]]:
+    """A snapshot for ``checkpoint_in_background`` that, in the forked child, waits until ``release()``
+    creates ``gate`` (the child keeps no file descriptor of the parent's; a poll with a 30 s deadline)."""
+    def snapshot():
+        deadline = time.monotonic() + 30
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{gate} was never created")
+            time.sleep(0.002)
+        return store.state.to_updates()
+
+    def release() -> None:
+        gate.touch()
+    return snapshot, release
+
+
+def test_a_background_checkpoint_lets_commits_go_on_and_carries_them_into_the_next_journal(tmp_path):
+    """A forked child writes the state at seq S while the dispatcher commits more: those records
+    are carried over into the new journal, after a header naming the checkpoint, and every crash
+    point between the steps opens to the same state."""
+    live = tmp_path / "live"
+    store = JournaledStore(str(live), checkpoint_records=1_000_000)  # only the checkpoint taken below
+    store.open()
+    core = DispatcherCore(DispatcherConfig(), store=store)
+
+    def register(i: int) -> None:
+        core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"bg%d" % i, num_splits=1))
+        core.wait_durable()
+    try:
+        for i in range(5):
+            register(i)
+        snapshot, release = held_snapshot(store, tmp_path / "gate")
+        try:
+            with core._cond:  # as a commit calls it: under the core's lock
+                assert store.journal.checkpoint_in_background(snapshot)
+                seq = store.journal.last_seq
+            for i in range(5, 9):  # while the child waits: the lock is free
+                register(i)
+            during = files_of(live)
+            expected = comparable(core.state)
+        finally:
+            release()
+        assert store.journal.wait_checkpoint()
+        after = files_of(live)
+        register(9)  # appended to the new journal
+        final = comparable(core.state)
+    finally:
+        store.close()
+    assert CHECKPOINT not in during
+    assert read_records(str(live / CHECKPOINT), tolerate_torn_tail=False)[0][0][0] == seq
+    journal_seqs = [s for s, _ in read_records(str(live / JOURNAL), tolerate_torn_tail=False)[0]]
+    assert journal_seqs == list(range(seq, seq + 6))  # the header (seq S), 4 carried over, 1 new
+    assert start(live) == final
+    crash_points = {"checkpoint-renamed": (after[CHECKPOINT], during[JOURNAL], during[MANIFEST]),
+                    "journal-renamed": (after[CHECKPOINT], after[JOURNAL], during[MANIFEST]),
+                    "done": (after[CHECKPOINT], after[JOURNAL], after[MANIFEST])}
+    for name, files in crash_points.items():
+        work_dir = tmp_path / name
+        work_dir.mkdir()
+        for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), files):
+            (work_dir / file).write_bytes(data)
+        assert start(work_dir) == expected, name
+        assert start(work_dir) == expected, name  # and the work_dir that start rewrote
+    # A carried-over journal that lost records is still refused.
+    work_dir = tmp_path / "carried-over-truncated"
+    work_dir.mkdir()
+    short = after[JOURNAL][:len(after[JOURNAL]) - 10]
+    for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), (after[CHECKPOINT], short, during[MANIFEST])):
+        (work_dir / file).write_bytes(data)
+    with pytest.raises(JournalCorruptionError, match=f"journal ends early at offset .* in .*{JOURNAL}"):
+        start(work_dir)
+
+
+def test_a_failed_background_checkpoint_leaves_the_journal_whole_and_is_retried(tmp_path, caplog):
+    live = tmp_path / "live"
+    store = JournaledStore(str(live), checkpoint_records=5)
+    store.open()
+    core = DispatcherCore(DispatcherConfig(), store=store)
+    try:
+        def broken_snapshot():
+            raise OSError(28, "No space left on device")
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            with core._cond:  # as a commit calls it: under the core's lock
+                assert store.journal.checkpoint_in_background(broken_snapshot)
+            assert store.journal.wait_checkpoint()
+        assert "the checkpoint at sequence 0 was not written (OSError: [Errno 28] No space left on device)" \
+            in caplog.text
+        assert not (live / CHECKPOINT).exists() and not (live / (CHECKPOINT + ".tmp")).exists()
+        for i in range(5):  # the next interval's checkpoint is taken as usual
+            core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"r%d" % i, num_splits=1))
+            core.wait_durable()
+        assert store.journal.wait_checkpoint()
+        assert read_records(str(live / CHECKPOINT), tolerate_torn_tail=False)[0][0][0] == 5
+        expected = comparable(core.state)
+    finally:
+        store.close()
+    assert start(live) == expected
 
 
 def test_a_crash_during_a_recovery_is_refused_again_and_recovering_again_gives_the_same_state(tmp_path):
@@ -536,3 +639,51 @@ def test_an_update_that_does_not_fit_is_refused_at_commit_and_never_journaled(tm
     restarted.close()
     assert not any(u.HasField("finish_iteration") for _, p in read_records(str(tmp_path / "journal.log"), True)[0]
                    for u in [state_pb2.Update.FromString(p)])
+
+
+@pytest.mark.slow
+def test_dispatcher_process_checkpoints_in_a_child_and_a_kill_9_loses_nothing(procs, tmp_path):
+    """`dataservice dispatcher` turns gRPC's fork handlers off by itself (the environment here has no
+    GRPC_ENABLE_FORK_SUPPORT) and checkpoints every 10 records from a forked child; a kill -9 (maybe
+    mid-checkpoint) loses nothing acknowledged, and a graceful stop after them exits cleanly."""
+    procs.env = {k: v for k, v in procs.env.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    work_dir = tmp_path / "journal"
+    dispatcher = procs.dispatcher("--journal-checkpoint-records", "10", work_dir=work_dir)
+    ids = [register_dataset(dispatcher.target, Dataset.range(n + 1)) for n in range(40)]
+    written = re.compile(r"checkpoint at sequence \d+ written to .*checkpoint\.bin in \d+ ms \(in a child process")
+    wait_until(lambda: written.search(dispatcher.proc.stderr), 30, "a checkpoint written by a child")
+    dispatcher.proc.kill9()
+    restarted = procs.dispatcher("--journal-checkpoint-records", "10", port=dispatcher.port, work_dir=work_dir)
+    assert status_dataset_ids(restarted.port) == sorted(ids)
+    more = [register_dataset(restarted.target, Dataset.range(n + 100)) for n in range(25)]
+    assert restarted.proc.stop(15) == 0
+    stderr = restarted.proc.stderr
+    assert "Traceback" not in stderr and " WARNING " not in stderr and "not written" not in stderr, stderr
+    assert len(written.findall(stderr)) >= 2, stderr
+    clean = procs.dispatcher(work_dir=work_dir)
+    assert status_dataset_ids(clean.port) == sorted(ids + more)
+
+
+def test_with_grpc_fork_handlers_on_checkpoints_are_written_in_process(tmp_path):
+    """A process that imported grpc with its fork handlers on (grpcio's default, outside `dataservice
+    dispatcher`) must not fork: the checkpoint is written under the lock, at once."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    script = f"""
+import os
+from dataservice.dispatcher import forked_writes
+from dataservice.dispatcher.core import DispatcherCore
+from dataservice.dispatcher.journaled_store import JournaledStore
+from dataservice import DispatcherConfig
+from dataservice.proto import dispatcher_pb2 as pb
+assert not forked_writes.fork_available()
+store = JournaledStore({str(tmp_path)!r}, checkpoint_records=3)
+store.open()
+core = DispatcherCore(DispatcherConfig(), store=store)
+for i in range(3):
+    core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"x%d" % i, num_splits=1))
+assert os.path.exists(os.path.join({str(tmp_path)!r}, "checkpoint.bin"))  # no wait: written by the commit
+store.close()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr

@@ -40,13 +40,19 @@ steady load it first lingers ``GROUP_COMMIT_LINGER_S`` for more to join the batc
 rewrites the MANIFEST with a ``pwrite`` (no fsync: the page cache holds it, and it
 reaches the disk after the journal, never ahead of it), and only then acknowledges
 the batch. A checkpoint is written to a temporary file, fsynced and renamed over
-``checkpoint.bin``; then a new journal (just a header naming the new checkpoint)
-replaces ``journal.log`` the same way, and the MANIFEST is rewritten and fsynced.
-A crash between two of these steps leaves a consistent work_dir (the old journal
-continues from the checkpoint the new one names as replaced; its records the
-checkpoint covers are skipped), and the next start rewrites it into the usual form.
-So restart time depends on the size of the state, not on how many splits were ever
-handed out.
+``checkpoint.bin``; then a new journal (a header naming the new checkpoint, then the
+records appended since its sequence number) replaces ``journal.log`` the same way,
+and the MANIFEST is rewritten and fsynced. A crash between two of these steps leaves
+a consistent work_dir (the old journal continues from the checkpoint the new one
+names as replaced; its records the checkpoint covers are skipped; a MANIFEST still
+naming the old journal is read as naming the new one, which continues it), and the
+next start rewrites it into the usual form. So restart time depends on the size of
+the state, not on how many splits were ever handed out.
+
+A running dispatcher's checkpoints are written by a forked child
+(``checkpoint_in_background``, ``forked_writes``): the lock is held for the fork,
+and the records committed while the child writes are the ones the new journal
+carries over. Where the process may not fork, ``checkpoint`` writes it under the lock.
 
 Opening. The start is refused, and nothing on disk is changed, when:
 
@@ -102,9 +108,11 @@ from google.protobuf.message import DecodeError
 
 from dataservice import errors
 from dataservice.data.readers.tfrecord import corrupted_record, mask_crc
+from dataservice.dispatcher.forked_writes import ForkedWrite, fork_available
 from dataservice.dispatcher.manifest import (MANIFEST_FILE, CheckpointId, ManifestError, ManifestRecord,
                                              ManifestWriter, fsync_dir, read_manifest, write_manifest)
 from dataservice.proto import state_pb2
+from dataservice.service.config import DEFAULT_JOURNAL_CHECKPOINT_RECORDS
 from dataservice.service.latency_histogram import LatencyHistogram
 
 __all__ = ["DurableWait", "Journal", "JournalError", "JournalCorruptionError", "Replay", "ReplayedRecord",
@@ -119,8 +127,8 @@ JOURNAL_FILE = "journal.log"
 CHECKPOINT_FILE = "checkpoint.bin"
 #: Written, fsynced and removed by ``open``: proves ``work_dir`` takes writes before anything is served.
 PROBE_FILE = ".write-test"
-#: Records appended between two checkpoints, by default.
-DEFAULT_CHECKPOINT_RECORDS = 10_000
+#: Records appended between two checkpoints, by default (``DispatcherConfig.journal_checkpoint_records``).
+DEFAULT_CHECKPOINT_RECORDS = DEFAULT_JOURNAL_CHECKPOINT_RECORDS
 
 #: How long the flusher waits for more records to join a batch, when the last fsync ended less than
 #: GROUP_COMMIT_BUSY_S ago (a steady load; an idle dispatcher's call is written at once). Like
@@ -493,6 +501,19 @@ class Replay:
         return lines
 
 
+@dataclasses.dataclass
+class _BackgroundCheckpoint:
+    """A checkpoint a forked child is writing (``Journal.checkpoint_in_background``)."""
+    checkpoint: CheckpointId
+    child: ForkedWrite
+    started: float
+    #: Where its last record (seq ``checkpoint.seq``) ends in journal.log, once that is written.
+    cut_offset: Optional[int] = None
+    thread: Optional[threading.Thread] = None
+    #: Renamed over checkpoint.bin: the flusher starts the next journal.
+    installed: bool = False
+
+
 class Journal:
     """See the module docstring."""
 
@@ -528,6 +549,12 @@ class Journal:
         self.fsyncs = 0
         #: How long each batch's write + fsync took (``/metrics``: dataservice_journal_fsync_seconds).
         self.fsync_latency = LatencyHistogram()
+        #: How long the lock was held to fork each background checkpoint's child, and how many of
+        #: those checkpoints were put in place (``/metrics``).
+        self.checkpoint_fork_latency = LatencyHistogram()
+        self.background_checkpoints = 0
+        # The checkpoint a forked child is writing; one at a time.
+        self._background: Optional[_BackgroundCheckpoint] = None
         self.records_written = 0
         self._work_dir_checked = False
         #: Where ``open`` set damaged files aside (``recover=True``), if it did.
@@ -734,7 +761,11 @@ class Journal:
         durable = manifest.durable_seq
         journal_last = (replay.journal_records_all[-1].seq if replay.journal_records_all else
                         replay.journal_header.seq if replay.journal_header is not None else 0)
-        same_journal = manifest.journal_id == replay.journal_id or replay.journal_header_unknown
+        # A checkpoint written in the background carries the records appended meanwhile over into
+        # the new journal, whose MANIFEST may still name the journal the checkpoint replaced.
+        carried_over = replay.checkpoint_marker and manifest.journal_id == replay.checkpoint_base and \
+            replay.journal_id == replay.checkpoint_id
+        same_journal = manifest.journal_id == replay.journal_id or replay.journal_header_unknown or carried_over
         available = max(replay.checkpoint_seq if replay.checkpoint_marker else 0,
                         journal_last if same_journal and replay.journal_consistent else 0)
         if durable <= available:
@@ -920,7 +951,17 @@ class Journal:
 
     def _write_checkpoint_file(self, checkpoint: CheckpointId, replaces: CheckpointId,
                                updates: Iterable[state_pb2.Update]) -> None:
-        tmp = self.checkpoint_path + ".tmp"
+        self._write_checkpoint_tmp(checkpoint, replaces, updates)
+        self._install_checkpoint()
+
+    @property
+    def _checkpoint_tmp(self) -> str:
+        return self.checkpoint_path + ".tmp"
+
+    def _write_checkpoint_tmp(self, checkpoint: CheckpointId, replaces: CheckpointId,
+                              updates: Iterable[state_pb2.Update]) -> None:
+        """Writes and fsyncs checkpoint.bin.tmp (a forked child calls it too: it takes no lock)."""
+        tmp = self._checkpoint_tmp
         try:
             with open(tmp, "wb") as f:
                 # The marker first: it carries the sequence number even when the state is empty.
@@ -929,26 +970,38 @@ class Journal:
                     f.write(_frame(checkpoint.seq, update.SerializeToString()))
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.checkpoint_path)
-            fsync_dir(self.work_dir)  # the rename itself is durable before the journal loses those records
         except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            self._remove_checkpoint_tmp()
             raise
 
-    def _new_journal_file(self, checkpoint: CheckpointId) -> tuple[int, int]:
-        """A journal holding only a header naming ``checkpoint``, renamed over journal.log:
-        its file descriptor (positioned to append) and its size."""
+    def _install_checkpoint(self) -> None:
+        """Renames checkpoint.bin.tmp over checkpoint.bin, durably."""
+        try:
+            os.replace(self._checkpoint_tmp, self.checkpoint_path)
+            fsync_dir(self.work_dir)  # the rename itself is durable before the journal loses those records
+        except OSError:
+            self._remove_checkpoint_tmp()
+            raise
+
+    def _remove_checkpoint_tmp(self) -> None:
+        try:
+            os.unlink(self._checkpoint_tmp)
+        except OSError:
+            pass
+
+    def _new_journal_file(self, checkpoint: CheckpointId, records: bytes = b"") -> tuple[int, int]:
+        """A journal holding a header naming ``checkpoint`` and then ``records`` (framed records
+        from seq ``checkpoint.seq + 1`` on), renamed over journal.log: its file descriptor
+        (positioned to append) and its size."""
         tmp = self.journal_path + ".tmp"
-        header = _frame(checkpoint.seq, _marker(_JOURNAL_MAGIC, checkpoint))
+        header = _frame(checkpoint.seq, _marker(_JOURNAL_MAGIC, checkpoint)) + records
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, header)
+            view, written = memoryview(header), 0
+            while written < len(header):
+                written += os.write(fd, view[written:])
             os.fsync(fd)
             os.replace(tmp, self.journal_path)
-            fsync_dir(self.work_dir)
         except OSError:
             os.close(fd)
             try:
@@ -956,6 +1009,12 @@ class Journal:
             except OSError:
                 pass
             raise
+        try:
+            fsync_dir(self.work_dir)
+        except OSError as exc:
+            # The new file is journal.log now: appends must go to it, not to the old one, which is no
+            # longer reachable by its name. The rename reaches the disk with the directory's next sync.
+            log.warning("fsyncing %s after starting a new journal failed: %s", self.work_dir, exc)
         return fd, len(header)
 
     def _start_journal_file(self, checkpoint: CheckpointId) -> None:
@@ -1038,9 +1097,13 @@ class Journal:
         last_fsync_end = -math.inf
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
-                if not self._queue and self._closed:
+                self._cond.wait_for(lambda: self._queue or self._closed or self._rotation_due())
+                rotation = self._background if self._rotation_due() and not self._closed else None
+                if rotation is None and not self._queue and self._closed:
                     return
+            if rotation is not None:
+                self._rotate(rotation)
+                continue
             if time.monotonic() - last_fsync_end < GROUP_COMMIT_BUSY_S and not self._closed:
                 # Under a steady load the next batch is worth waiting a moment for: calls arrive a few
                 # hundred microseconds apart, and each fsync costs this thread and the event loop a wake-up.
@@ -1048,7 +1111,8 @@ class Journal:
             with self._cond:
                 batch, self._queue = self._queue, []
                 fd, journal_id = self._fd, self._journal_id
-            data = b"".join(_frame(seq, payload) for seq, payload in batch)
+            frames = [_frame(seq, payload) for seq, payload in batch]
+            data = b"".join(frames)
             started = time.perf_counter()
             try:
                 view = memoryview(data)
@@ -1070,6 +1134,12 @@ class Journal:
             # acknowledged update, and it reaches the disk after the journal (never ahead of it).
             self._note_durable(batch[-1][0], journal_id)
             with self._cond:
+                background = self._background
+                if background is not None and background.cut_offset is None and \
+                        batch[0][0] <= background.checkpoint.seq <= batch[-1][0]:
+                    # Where the checkpoint's last record ends: the next journal starts after it.
+                    covered = frames[:background.checkpoint.seq - batch[0][0] + 1]
+                    background.cut_offset = self._durable_offset + sum(len(f) for f in covered)
                 self._durable_seq = batch[-1][0]
                 self._durable_offset += len(data)
                 self.fsyncs += 1
@@ -1099,7 +1169,7 @@ class Journal:
 
     def needs_checkpoint(self) -> bool:
         with self._cond:
-            return self._next_seq - 1 >= self._checkpoint_due_seq
+            return self._next_seq - 1 >= self._checkpoint_due_seq and self._background is None
 
     # --- checkpoints --------------------------------------------------------------------
     def checkpoint(self, updates: Iterable[state_pb2.Update], seq: int) -> None:
@@ -1110,6 +1180,7 @@ class Journal:
         the journal itself failed; if not, the journal is intact and the next
         attempt comes after another ``checkpoint_records`` records).
         """
+        self.wait_checkpoint()  # one checkpoint at a time: both write checkpoint.bin.tmp
         self.wait_durable(seq)
         checkpoint = CheckpointId.new(seq)
         try:
@@ -1144,14 +1215,149 @@ class Journal:
         self._note_durable(durable_seq, journal_id, sync=True)
         log.info("checkpoint at sequence %d written to %s", seq, self.checkpoint_path)
 
+    def checkpoint_in_background(self, snapshot: Callable[[], Iterable[state_pb2.Update]]) -> bool:
+        """Starts a checkpoint of the state at ``last_seq``, written by a forked child (``forked_writes``).
+
+        The caller holds the dispatcher's lock, so the child's copy of the state is the state at
+        ``last_seq``; ``snapshot`` is called only in the child. The lock is held for the fork alone.
+        A thread then waits for the child, for ``last_seq`` to be durable in the journal, renames the
+        checkpoint into place; the flusher then starts a new journal.log from it, carrying over the
+        records appended meanwhile (a crash between the steps leaves a work_dir that opens to the
+        same state, as for ``checkpoint``). A failure is logged, and retried after another
+        ``checkpoint_records`` records: the journal itself stays intact.
+
+        False if it cannot fork (no ``os.fork``, or the fork failed): the caller calls
+        ``checkpoint`` instead. True if a checkpoint is under way (this one or an earlier one).
+        """
+        if not fork_available():
+            return False
+        with self._cond:
+            if self._background is not None:
+                return True
+            if self._failed is not None or self._closed or self._fd is None:
+                return False  # ``checkpoint`` says why
+            seq = self._next_seq - 1
+            checkpoint, replaces = CheckpointId.new(seq), self._journal_id
+        started = time.perf_counter()
+        try:
+            child = ForkedWrite.start(lambda: self._write_checkpoint_tmp(checkpoint, replaces, snapshot()))
+        except OSError as exc:
+            log.warning("cannot fork to write the checkpoint at sequence %d (%s): writing it under the lock", seq, exc)
+            return False
+        self.checkpoint_fork_latency.observe(time.perf_counter() - started)
+        background = _BackgroundCheckpoint(checkpoint, child, time.monotonic())
+        with self._cond:
+            self._checkpoint_due_seq = seq + self.checkpoint_records
+            if self._durable_seq >= seq:
+                # Nothing is appended while the caller holds the lock: the durable records end at seq.
+                background.cut_offset = self._durable_offset
+            self._background = background
+        background.thread = threading.Thread(target=self._finish_background, args=(background,),
+                                             name="dataservice-checkpoint", daemon=True)
+        background.thread.start()
+        return True
+
+    def wait_checkpoint(self, timeout_s: float = 30.0) -> bool:
+        """Blocks until no background checkpoint is under way (done, or given up); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._background is None, timeout_s)
+
+    def _rotation_due(self) -> bool:
+        background = self._background
+        return background is not None and background.installed and self._failed is None
+
+    def _finish_background(self, background: "_BackgroundCheckpoint") -> None:
+        """The background checkpoint's thread: reaps the child, then installs what it wrote."""
+        seq = background.checkpoint.seq
+        error = background.child.wait()
+        if error is None:
+            try:
+                # A checkpoint must not hold a record the journal could still lose (a failed write rolls back).
+                self.wait_durable(seq)
+            except JournalError as exc:
+                error = str(exc)
+        if error is None:
+            with self._cond:
+                if self._failed is not None or self._closed:
+                    error = "the journal " + ("failed" if self._failed is not None else "closed") + " meanwhile"
+        if error is None:
+            try:
+                self._install_checkpoint()
+            except OSError as exc:
+                error = f"renaming it into place failed: {exc}"
+        if error is not None:
+            self._remove_checkpoint_tmp()
+            with self._cond:
+                closed = self._closed
+            # Logged before wait_checkpoint() returns: whoever waited sees why.
+            (log.info if closed else log.warning)(
+                "the checkpoint at sequence %d was not written (%s): the journal goes on from the previous one",
+                seq, error)
+            with self._cond:
+                self._checkpoint_due_seq = self._next_seq - 1 + self.checkpoint_records  # retry later
+                self._background = None
+                self._cond.notify_all()
+            return
+        with self._cond:
+            background.installed = True
+            self.background_checkpoints += 1
+            self._cond.notify_all()  # the flusher starts the new journal
+
+    def _rotate(self, background: "_BackgroundCheckpoint") -> None:
+        """On the flusher's thread (no write in flight), after a background checkpoint is in place:
+        a new journal.log whose header names it, holding the records appended since its seq."""
+        with self._cond:
+            end, durable_seq = self._durable_offset, self._durable_seq
+        start = background.cut_offset
+        try:
+            with open(self.journal_path, "rb") as f:
+                f.seek(start)
+                tail = f.read(end - start)
+            if len(tail) != end - start:
+                raise OSError(f"{self.journal_path} ends at offset {start + len(tail)}, before its durable end {end}")
+            fd, size = self._new_journal_file(background.checkpoint, tail)
+        except OSError as exc:
+            # Harmless: the old journal goes on, and the checkpoint names it as the one it replaced.
+            log.warning("starting a new journal after the checkpoint at seq %d failed, appending to the old one: %s",
+                        background.checkpoint.seq, exc)
+        else:
+            with self._cond:
+                old, self._fd = self._fd, fd
+                self._durable_offset, self._journal_id = size, background.checkpoint
+            try:
+                os.close(old)
+            except OSError:
+                pass
+            self._note_durable(durable_seq, background.checkpoint, sync=True)
+            log.info("checkpoint at sequence %d written to %s in %.0f ms (in a child process; %d records carried "
+                     "over)", background.checkpoint.seq, self.checkpoint_path,
+                     (time.monotonic() - background.started) * 1e3, durable_seq - background.checkpoint.seq)
+        with self._cond:
+            self._background = None
+            self._cond.notify_all()
+
     def close(self) -> None:
-        """Writes what is queued, stops the flusher, fsyncs the MANIFEST and closes the files; idempotent."""
+        """Writes what is queued, stops the flusher, fsyncs the MANIFEST and closes the files; idempotent.
+        A background checkpoint under way is finished first (within 10 s: then given up, as after a
+        failed write; the journal still holds its records)."""
+        with self._cond:
+            finish = self._background is not None and self._failed is None and not self._closed
+        if finish:
+            self.wait_checkpoint(timeout_s=10.0)
         with self._cond:
             self._closed = True
+            background = self._background
             self._cond.notify_all()
+        if background is not None:
+            background.child.kill()
+            if background.thread is not None:
+                background.thread.join(timeout=10)
         if self._flusher is not None:
             self._flusher.join(timeout=10)
             self._flusher = None
+        with self._cond:
+            self._background = None
+            self._cond.notify_all()
         with self._cond:
             if self._failed is None and self._durable_seq < self._next_seq - 1:
                 self._failed = JournalError("the journal was closed before these records were written")

@@ -224,8 +224,11 @@ class JournaledStore:
         self._broken, self._durable_end, self._state_ahead = None, None, False
 
     def _checkpoint(self) -> None:
-        """Snapshot + truncate; the caller holds the lock, so the state matches ``last_seq``."""
+        """Snapshot + truncate; the caller holds the lock, so the state matches ``last_seq``.
+        A forked child writes it where the platform can fork (the lock is held for the fork only)."""
         journal = self.journal
+        if journal.checkpoint_in_background(self.state.to_updates):
+            return
         try:
             journal.checkpoint(self.state.to_updates(), journal.last_seq)
         except JournalError as exc:

@@ -18,7 +18,9 @@ Metrics (all ``dataservice_*``; gauges unless said):
 - ``dataservice_rpc_calls_total{method}`` (counter) and ``dataservice_rpc_latency_seconds{method,quantile}``
   (0.5, 0.99 and 1 = max over the most recent ``rpc_stats.RECENT_CALLS`` calls of the method).
 - ``dataservice_journal_fsync_seconds`` (histogram; fault-tolerant mode: each batch's write + fsync),
-  ``dataservice_journal_records_total`` (counter).
+  ``dataservice_journal_records_total`` (counter), ``dataservice_journal_checkpoint_fork_seconds``
+  (histogram: how long each checkpoint's fork held the lock), ``dataservice_journal_checkpoints_total``
+  (counter: checkpoints written by a child and in place).
 - ``dataservice_client_stall_fraction{client_id,job_id}``, ``dataservice_client_stall_seconds``,
   ``dataservice_client_elements``, ``dataservice_client_bytes`` (each client's latest report).
 - ``dataservice_recommended_workers``: the scaling signal's worker count (``scaling.recommend``).
@@ -215,6 +217,15 @@ class DispatcherMetrics(Collector):
             yield fsync
             yield CounterMetricFamily("dataservice_journal_records", "State updates made durable in the journal",
                                       value=journal.records_written)
+            h = journal.checkpoint_fork_latency.snapshot()
+            fork = HistogramMetricFamily("dataservice_journal_checkpoint_fork_seconds",
+                                         "Journal checkpoints: how long forking the child that writes each held "
+                                         "the dispatcher's lock (fault-tolerant mode)")
+            fork.add_metric([], [(_le(b), n) for b, n in h.buckets], sum_value=h.sum_s)
+            yield fork
+            yield CounterMetricFamily("dataservice_journal_checkpoints",
+                                      "Journal checkpoints written by a forked child and renamed into place",
+                                      value=journal.background_checkpoints)
         stall = GaugeMetricFamily("dataservice_client_stall_fraction",
                                   "Share of a reader's time its consumer waited for data (its latest report)",
                                   labels=["client_id", "job_id"])

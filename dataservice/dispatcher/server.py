@@ -130,7 +130,8 @@ class DispatchServer:
     def _open_store(self) -> JournaledStore:
         """Replays the journal before anything is served. JournalError naming ``work_dir`` if it
         cannot be written; JournalCorruptionError naming file and offset if it is corrupted."""
-        store = JournaledStore(self._config.work_dir, recover=self._config.recover_journal)
+        store = JournaledStore(self._config.work_dir, recover=self._config.recover_journal,
+                               checkpoint_records=self._config.journal_checkpoint_records)
         try:
             store.open()
         except BaseException:
