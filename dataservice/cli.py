@@ -415,7 +415,8 @@ def dispatcher_config(args: argparse.Namespace) -> DispatcherConfig:
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             tls_client_ca=args.tls_client_ca, max_dataset_def_bytes=args.max_dataset_def_bytes,
                             finished_jobs_kept=args.finished_jobs_kept, recover_journal=args.recover_journal,
-                            journal_checkpoint_records=args.journal_checkpoint_records, http_port=args.http_port, worker_addresses=getattr(args, "worker_addresses", None))
+                            journal_checkpoint_records=args.journal_checkpoint_records, http_port=args.http_port,
+                            worker_addresses=getattr(args, "worker_addresses", None))
 
 
 def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = None,

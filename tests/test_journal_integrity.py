@@ -286,6 +286,23 @@ def test_a_work_dir_written_before_the_markers_starts_and_is_upgraded(tmp_path, 
     assert not caplog.records, caplog.text
 
 
+def work_dir_of(work_dir: Path, files: tuple[bytes, bytes, bytes]) -> Path:
+    """A work_dir holding these checkpoint, journal and MANIFEST bytes (what a crash left)."""
+    work_dir.mkdir()
+    for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), files):
+        (work_dir / file).write_bytes(data)
+    return work_dir
+
+
+def assert_each_opens_to(tmp_path: Path, crash_points: dict[str, tuple[bytes, bytes, bytes]],
+                         expected: list[bytes]) -> None:
+    """Each crash point's files open to ``expected``, and so does the work_dir that start rewrote."""
+    for name, files in crash_points.items():
+        work_dir = work_dir_of(tmp_path / name, files)
+        assert start(work_dir) == expected, name
+        assert start(work_dir) == expected, name
+
+
 def test_every_crash_point_of_a_checkpoint_starts_with_nothing_lost(tmp_path):
     """A checkpoint renames checkpoint.bin, then journal.log, then rewrites the MANIFEST: a crash
     between two steps leaves new files next to old ones, which must open to the same state."""
@@ -312,13 +329,7 @@ def test_every_crash_point_of_a_checkpoint_starts_with_nothing_lost(tmp_path):
     old_journal = old[JOURNAL] + journal_mod._frame(20, recorder.updates[-1].SerializeToString())
     crash_points = {"checkpoint-renamed": (new[CHECKPOINT], old_journal, old[MANIFEST]),
                     "journal-renamed": (new[CHECKPOINT], new[JOURNAL], old[MANIFEST])}
-    for name, files in crash_points.items():
-        work_dir = tmp_path / name
-        work_dir.mkdir()
-        for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), files):
-            (work_dir / file).write_bytes(data)
-        assert start(work_dir) == expected, name
-        assert start(work_dir) == expected, name  # and the work_dir that start rewrote
+    assert_each_opens_to(tmp_path, crash_points, expected)
 
 
 def held_snapshot(store: JournaledStore, gate: Path) -> tuple[Callable, Callable[[], None]]:
@@ -377,19 +388,10 @@ def test_a_background_checkpoint_lets_commits_go_on_and_carries_them_into_the_ne
     crash_points = {"checkpoint-renamed": (after[CHECKPOINT], during[JOURNAL], during[MANIFEST]),
                     "journal-renamed": (after[CHECKPOINT], after[JOURNAL], during[MANIFEST]),
                     "done": (after[CHECKPOINT], after[JOURNAL], after[MANIFEST])}
-    for name, files in crash_points.items():
-        work_dir = tmp_path / name
-        work_dir.mkdir()
-        for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), files):
-            (work_dir / file).write_bytes(data)
-        assert start(work_dir) == expected, name
-        assert start(work_dir) == expected, name  # and the work_dir that start rewrote
+    assert_each_opens_to(tmp_path, crash_points, expected)
     # A carried-over journal that lost records is still refused.
-    work_dir = tmp_path / "carried-over-truncated"
-    work_dir.mkdir()
     short = after[JOURNAL][:len(after[JOURNAL]) - 10]
-    for file, data in zip((CHECKPOINT, JOURNAL, MANIFEST), (after[CHECKPOINT], short, during[MANIFEST])):
-        (work_dir / file).write_bytes(data)
+    work_dir = work_dir_of(tmp_path / "carried-over-truncated", (after[CHECKPOINT], short, during[MANIFEST]))
     with pytest.raises(JournalCorruptionError, match=f"journal ends early at offset .* in .*{JOURNAL}"):
         start(work_dir)
 

@@ -5,7 +5,9 @@ dispatcher's lock. Building it takes about 0.1 s at 2,000 workers and 10,000 rea
 journal used to do that under the lock, and every RPC waited. ``fork()`` gives a child whose
 memory is the parent's at that instant (copy-on-write, as Redis's BGSAVE does), so the
 child can build and write the checkpoint at leisure while the parent goes on. The lock is
-held for the fork itself: about a millisecond per 100 MB of the dispatcher's memory.
+held for the fork itself: 6-13 ms for a dispatcher of 190 MB (2,000 workers, 10,000 readers),
+which copies its page tables. The parent's pages are copied as it writes them while the child
+runs: about 18,000 minor faults per checkpoint there.
 
 The child closes every file descriptor but the standard streams and its error pipe, then runs
 nothing but ``write`` and ``os._exit``: no gRPC, no logging, no locks other
