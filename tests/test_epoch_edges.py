@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from dataservice import Dataset, distribute
-from dataservice.client.reader import MAX_HEARTBEATS_PER_S, report_pause_s
+from dataservice.client.reader import MAX_HEARTBEATS_PER_S, SLOW_HEARTBEATS_PER_S, report_pause_s
 from dataservice.worker.server import NEWS_COALESCE_S, news_pause_s
 from tests.cluster import TestCluster, run_with_deadline
 
@@ -102,6 +103,56 @@ def test_the_dispatcher_says_when_every_split_of_an_iteration_is_leased():
     for _ in range(3):
         lease()
     assert not leased()
+
+
+def test_while_many_splits_are_left_split_ends_are_reported_at_the_slow_pace():
+    assert report_pause_s(sent_at=5.0, now=5.0, many_splits_left=True) == pytest.approx(1 / SLOW_HEARTBEATS_PER_S)
+    assert report_pause_s(sent_at=5.0, now=5.0) == pytest.approx(1 / MAX_HEARTBEATS_PER_S)
+    assert report_pause_s(sent_at=5.0, now=5.0, all_splits_leased=True, many_splits_left=True) == 0.0
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_dispatcher_says_many_splits_are_left_while_leasing_them_takes_over_half_a_second(deterministic):
+    from dataservice.dispatcher.core import REPORT_SLOWLY_LEFT_S, DispatcherCore
+    from dataservice.proto import dispatcher_pb2 as pb
+    from dataservice.proto import state_pb2
+    from dataservice.service.config import DispatcherConfig
+    from tests.journals import FakeClock
+
+    clock = FakeClock()
+    core = DispatcherCore(DispatcherConfig(), clock=clock)
+    for w in ("10.0.0.1:5051", "10.0.0.2:5051"):
+        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=w, worker_uid=w))
+    dataset_id = core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"p", num_splits=40)).dataset_id
+    job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(
+        dataset_id=dataset_id, processing_mode=state_pb2.DISTRIBUTED_EPOCH, deterministic=deterministic)).job_id
+    iteration = core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id))
+    tasks = core.state.iterations[iteration.iteration_id].tasks
+
+    def many_left() -> bool:
+        return core.client_heartbeat(pb.ClientHeartbeatRequest(
+            client_id=iteration.client_id, read_key=iteration.read_key)).many_splits_left
+
+    def lease(task_id: int, request_id: int) -> int:
+        answer = core.get_split(pb.GetSplitRequest(iteration_id=iteration.iteration_id, task_id=task_id,
+                                                   request_id=request_id, max_splits=1), may_wait=False)
+        return answer.split_index
+
+    for t in tasks:
+        lease(t, 1)
+    assert not many_left()  # no pace known yet: the usual pace
+    clock.advance(0.1)  # 100 ms per split: 38 left over 2 tasks is 1.9 s
+    for t in tasks:
+        lease(t, 2)
+    assert many_left() == (not deterministic)  # a deterministic read's order waits on split ends
+    request = 3
+    while 40 - core.state.iterations[iteration.iteration_id].next_split > 8:  # 8 left over 2 tasks: 0.4 s
+        clock.advance(0.1)
+        for t in tasks:
+            lease(t, request)
+        request += 1
+    assert 8 / 2 * 0.1 < REPORT_SLOWLY_LEFT_S
+    assert not many_left()  # the end nears: at the usual pace again, every split end at once after that
 
 
 def test_epochs_read_back_to_back_deliver_every_element_once():

@@ -101,6 +101,9 @@ READ_KEY_BYTES = 32
 SPLIT_WAIT_S = 1.0
 #: The longest a worker or client silent past its timeout goes unnoticed (see liveness_interval_s).
 LIVENESS_TICK_S = 1.0
+#: While leasing an iteration's remaining splits takes longer than this (``_many_splits_left``), its readers
+#: report split ends at their slow pace; a reader at that pace hears of the end nearing within 0.1 s.
+REPORT_SLOWLY_LEFT_S = 0.5
 #: Long polls (WorkerHeartbeat, GetSplit) that may wait at once *inside the core*, for a caller that
 #: drives the core from its own threads: beyond this many, a long poll is answered at once, so waiting
 #: calls never hold every thread. The gRPC server does not wait here: it asks the core to answer at
@@ -183,6 +186,10 @@ class DispatcherCore:
         self._awaiting_stop: dict[int, set] = {}
         self._iteration_idle_since: dict[int, float] = {}
         self._long_polls = 0
+        # Task -> (when it was last leased new splits, how many): its pace (soft state, ``_splits_per_lease``),
+        # and the seconds per split that pace last measured (``_many_splits_left``).
+        self._lease_pace: dict[int, tuple[float, int]] = {}
+        self._split_s: dict[int, float] = {}
         #: Which long polls a committed change concerns (``long_polls``): the asyncio server waits on them.
         self.wakeups = Wakeups()
         # Inside _one_fan_out: the keys commits concern, notified together when it ends (else None).
@@ -763,6 +770,7 @@ class DispatcherCore:
                                           * 1000),
                 more_tasks_expected=self._more_tasks_expected(iteration),
                 all_splits_leased=self._all_splits_leased(iteration),
+                many_splits_left=self._many_splits_left(iteration),
                 waiting_for_workers=static_workers.waiting_for(self.state, self.config, iteration,
                                                                self._worker_lost),
                 read_error=self._read_errors.get(iteration.job_id, ""))
@@ -800,6 +808,26 @@ class DispatcherCore:
             return False
         num_splits = self.state.dataset_of_iteration(iteration.iteration_id).num_splits
         return num_splits != INFINITE and iteration.next_split >= num_splits
+
+    def _many_splits_left(self, iteration: IterationInfo) -> bool:
+        """Whether leasing the splits not yet leased will take more than ``REPORT_SLOWLY_LEFT_S``, at the
+        slowest measured pace of the iteration's tasks: until then its readers may report split ends at their
+        slow pace (a report per split of a 63-split epoch cost it 6% of its CPU), and still learn that the end
+        nears in time to report its last split ends at once. False for a deterministic read and elastic
+        readers, whose order waits on split ends, and while no task's pace is known; True for an endless source."""
+        if iteration.finished or not iteration.next_split:
+            return False
+        job = self.state.jobs[iteration.job_id]
+        if job.deterministic or job.num_readers:
+            return False
+        num_splits = self.state.dataset_of_iteration(iteration.iteration_id).num_splits
+        if num_splits == INFINITE:
+            return True
+        paces = [self._split_s[t] for t in iteration.tasks if t in self._split_s]
+        if not paces:
+            return False
+        left = num_splits - iteration.next_split
+        return left / max(1, len(iteration.tasks)) * max(paces) > REPORT_SLOWLY_LEFT_S
 
     def _whole_task_list(self, iteration: IterationInfo) -> bytes:
         """An iteration's task list as a ClientHeartbeatResponse holding only ``tasks`` (TaskDefs of the live
@@ -1300,6 +1328,7 @@ class DispatcherCore:
                             request_id=req.request_id)))
                         leased.append(split)
                         split = _next_new_split(iteration, split + 1)
+                    self._leased_at(req.task_id, len(leased))
                     # A restored read's group taken in part is produced without what was taken of it.
                     return self._split_answer(iteration, 0, leased)
                 if not iteration.leases and not iteration.pending:
@@ -1315,14 +1344,28 @@ class DispatcherCore:
                           first: int) -> int:
         """How many new splits, from ``first`` on, this GetSplit leases (``fleet_intervals.splits_per_lease``):
         one for a task that asks no more, and for a deterministic read, whose readers wait for the groups in
-        order (one queued behind another on a worker would hold the order up)."""
+        order (one queued behind another on a worker would hold the order up). Measures the task's pace:
+        the time since its last lease, per split it got then."""
+        last = self._lease_pace.get(req.task_id)
+        split_s = (self._clock() - last[0]) / last[1] if last is not None else None
+        if split_s is not None:
+            self._split_s[req.task_id] = split_s
         if req.max_splits <= 1:
             return 1
         job = self.state.jobs[iteration.job_id]
         if job.deterministic or job.num_readers:
             return 1
         left = None if num_splits == INFINITE else num_splits - first
-        return fleet_intervals.splits_per_lease(req.max_splits, len(self.state.workers), left, len(iteration.tasks))
+        return fleet_intervals.splits_per_lease(req.max_splits, len(self.state.workers), left, len(iteration.tasks),
+                                                split_s)
+
+    def _leased_at(self, task_id: int, splits: int) -> None:
+        """Remembers when ``task_id`` was last leased new splits, and how many: its next GetSplit tells how
+        long it took per split (``_splits_per_lease``). Soft state, not journaled: a restart starts over."""
+        if len(self._lease_pace) > 2 * len(self.state.tasks) + 1_000:
+            self._lease_pace.clear()  # tasks gone for good leave entries that are never read
+            self._split_s.clear()
+        self._lease_pace[task_id] = (self._clock(), max(1, splits))
 
     def _split_answer(self, iteration, stream: int, splits) -> dispatcher_pb2.GetSplitResponse:
         """A GetSplit answer leasing ``splits`` (of stream ``stream``), each with the offsets clients hold of it
