@@ -186,8 +186,8 @@ class DispatcherCore:
         self._awaiting_stop: dict[int, set] = {}
         self._iteration_idle_since: dict[int, float] = {}
         self._long_polls = 0
-        # Task -> (when it was last leased new splits, how many): its pace (soft state, ``_splits_per_lease``),
-        # and the seconds per split that pace last measured (``_many_splits_left``).
+        # Task -> (when it was last leased new splits, how many): its pace (soft state, ``_splits_per_lease``);
+        # and per iteration, its tasks' seconds per split, a moving average (``_many_splits_left``).
         self._lease_pace: dict[int, tuple[float, int]] = {}
         self._split_s: dict[int, float] = {}
         #: Which long polls a committed change concerns (``long_polls``): the asyncio server waits on them.
@@ -811,10 +811,11 @@ class DispatcherCore:
 
     def _many_splits_left(self, iteration: IterationInfo) -> bool:
         """Whether leasing the splits not yet leased will take more than ``REPORT_SLOWLY_LEFT_S``, at the
-        slowest measured pace of the iteration's tasks: until then its readers may report split ends at their
-        slow pace (a report per split of a 63-split epoch cost it 6% of its CPU), and still learn that the end
-        nears in time to report its last split ends at once. False for a deterministic read and elastic
-        readers, whose order waits on split ends, and while no task's pace is known; True for an endless source."""
+        iteration's tasks' measured pace (a moving average: O(1) per reader heartbeat, whatever the fleet):
+        until then its readers may report split ends at their slow pace (a report per split of a 63-split
+        epoch cost it 6% of its CPU), and still learn that the end nears in time to report its last split
+        ends at once. False for a deterministic read and elastic readers, whose order waits on split ends,
+        and while no task's pace is known; True for an endless source."""
         if iteration.finished or not iteration.next_split:
             return False
         job = self.state.jobs[iteration.job_id]
@@ -823,11 +824,11 @@ class DispatcherCore:
         num_splits = self.state.dataset_of_iteration(iteration.iteration_id).num_splits
         if num_splits == INFINITE:
             return True
-        paces = [self._split_s[t] for t in iteration.tasks if t in self._split_s]
-        if not paces:
+        pace = self._split_s.get(iteration.iteration_id)
+        if pace is None:
             return False
         left = num_splits - iteration.next_split
-        return left / max(1, len(iteration.tasks)) * max(paces) > REPORT_SLOWLY_LEFT_S
+        return left / max(1, len(iteration.tasks)) * pace > REPORT_SLOWLY_LEFT_S
 
     def _whole_task_list(self, iteration: IterationInfo) -> bytes:
         """An iteration's task list as a ClientHeartbeatResponse holding only ``tasks`` (TaskDefs of the live
@@ -1349,7 +1350,8 @@ class DispatcherCore:
         last = self._lease_pace.get(req.task_id)
         split_s = (self._clock() - last[0]) / last[1] if last is not None else None
         if split_s is not None:
-            self._split_s[req.task_id] = split_s
+            average = self._split_s.get(iteration.iteration_id)
+            self._split_s[iteration.iteration_id] = split_s if average is None else 0.75 * average + 0.25 * split_s
         if req.max_splits <= 1:
             return 1
         job = self.state.jobs[iteration.job_id]
@@ -1364,6 +1366,7 @@ class DispatcherCore:
         long it took per split (``_splits_per_lease``). Soft state, not journaled: a restart starts over."""
         if len(self._lease_pace) > 2 * len(self.state.tasks) + 1_000:
             self._lease_pace.clear()  # tasks gone for good leave entries that are never read
+        if len(self._split_s) > 2 * len(self.state.iterations) + 1_000:
             self._split_s.clear()
         self._lease_pace[task_id] = (self._clock(), max(1, splits))
 
