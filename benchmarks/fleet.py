@@ -475,8 +475,7 @@ class _Sim:
                 client_id=it.client_id, read_key=it.read_key), timeout=self._bounded(60))
             fresh = await self._join(r, job)
         except self.grpc.aio.AioRpcError as exc:
-            key = f"reader rejoin: {exc.code().name}"
-            self.rec.errors[key] = self.rec.errors.get(key, 0) + 1
+            self.rec.error("reader rejoin", exc.code().name)
             return it
         self.rec.rejoined += 1
         return fresh
@@ -489,8 +488,7 @@ class _Sim:
             it = await self._join(r, job)
         except self.grpc.aio.AioRpcError as exc:
             self.rec.ready["readers_failed"] += 1
-            key = f"reader start: {exc.code().name}"
-            self.rec.errors[key] = self.rec.errors.get(key, 0) + 1
+            self.rec.error("reader start", exc.code().name)
             return
         self.rec.started("readers")
         # Each reader restarts with the same chance per second, so that the fleet's readers restart

@@ -1357,8 +1357,6 @@ class Journal:
             self._flusher = None
         with self._cond:
             self._background = None
-            self._cond.notify_all()
-        with self._cond:
             if self._failed is None and self._durable_seq < self._next_seq - 1:
                 self._failed = JournalError("the journal was closed before these records were written")
             self._cond.notify_all()
