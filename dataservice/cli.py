@@ -284,6 +284,9 @@ def _add_worker_timing_flags(parser: argparse.ArgumentParser) -> None:
                         help="a data-transfer request must arrive whole within this long (default: 10000)")
     parser.add_argument("--data-max-connections", type=positive_int, metavar="N", default=None,
                         help="data-transfer connections served at once; more are refused (default: 1024)")
+    parser.add_argument("--shared-batch-bytes", type=_non_negative_int, metavar="N", default=None,
+                        help="each worker process's shared memory for large batches, which readers on this host map "
+                             "instead of copying (default: 268435456, or the memory budget if less; 0: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -436,6 +439,7 @@ def worker_config(args: argparse.Namespace, dispatcher_address: Optional[str] = 
                         data_idle_timeout_ms=args.data_idle_timeout_ms,
                         data_request_timeout_ms=args.data_request_timeout_ms,
                         data_max_connections=args.data_max_connections,
+                        shared_batch_bytes=getattr(args, "shared_batch_bytes", None),
                         cross_trainer_cache_size_bytes=getattr(args, "cross_trainer_cache_size_bytes", None),
                         worker_tags=getattr(args, "worker_tags", ()),
                         # local: the dispatcher has --http-port; its workers take free ports.
@@ -644,6 +648,7 @@ def worker_process_flags(args: argparse.Namespace) -> list[str]:
                         ("--data-idle-timeout-ms", args.data_idle_timeout_ms),
                         ("--data-request-timeout-ms", args.data_request_timeout_ms),
                         ("--data-max-connections", args.data_max_connections),
+                        ("--shared-batch-bytes", args.shared_batch_bytes),
                         ("--cross-trainer-cache-size-bytes", args.cross_trainer_cache_size_bytes)):
         if value is not None:
             flags += [flag, str(value)]

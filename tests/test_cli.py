@@ -189,7 +189,7 @@ def test_worker_processes_get_every_flag_but_their_ports() -> None:
          "--auth-token-file", "/run/secrets/token", "--tls-cert", "/tls/w.pem", "--tls-key", "/tls/w.key",
          "--tls-ca", "/tls/ca.pem", "--tls-client-ca", "/tls/client-ca.pem", "--memory-budget-bytes", "3000",
          "--data-idle-timeout-ms", "900", "--data-request-timeout-ms", "800", "--data-max-connections", "7",
-         "--cross-trainer-cache-size-bytes", "500", "--worker-tags", "COLOCATED,zone-a",
+         "--cross-trainer-cache-size-bytes", "500", "--worker-tags", "COLOCATED,zone-a", "--shared-batch-bytes", "0",
          "--http-port", "0"])  # with --processes N only 0 (free ports): each process serves its own
     defaults = parser.parse_args(["worker", "--dispatcher", "e:2"])
     worker = next(a for a in parser._actions if isinstance(a.choices, dict)).choices["worker"]

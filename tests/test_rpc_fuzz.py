@@ -160,6 +160,10 @@ class Fuzzer:
                           rng.choice([["x" * TEN_MB], ["a,b"], ["has space"], [""], [f"t{k}" for k in range(100)],
                                       ["y" * 65], [self._unicode(rng.randint(1, 30))], ["\x00"]]))
             return
+        if field.type == F.TYPE_UINT64:  # ids (GetElementsRequest.returned_segments): never lent ones, many
+            target.extend([rng.randint(1, 5)] if plausible else
+                          rng.choice([UINT64_EDGES, [rng.randint(0, 2 ** 64 - 1) for _ in range(1000)], [1] * 150_000]))
+            return
         if field.type != F.TYPE_INT64:
             raise AssertionError(f"no values for {field.full_name} of type {field.type}")
         if field.name == "ranges":

@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 
 from dataservice import errors
 from dataservice.client.buffer_pool import BufferPool
+from dataservice.client.shared_segments import MappedSegments
 from dataservice.proto import dispatcher_pb2, worker_pb2, worker_pb2_grpc
 from dataservice.service.addresses import channel_address, parse_address
 from dataservice.service.auth import NONCE_KEY, PROOF_KEY, ClusterAuth, check_proof, client_proof, new_nonce, \
@@ -338,6 +339,10 @@ class TcpTransport:
         self.link = LinkMeter()
         self._answer_at = 0.0  # when the last answer's first bytes came (perf_counter)
         self._answer_unread = 0  # bytes of it (header and frame) not received yet then
+        # A worker's shared batch segments mapped through this connection (worker.shared_batches): with memory
+        # reads, large batches are mapped, not copied. Off for good once mapping failed (copies go on).
+        self._segments = MappedSegments()
+        self._shared = self._memory_reads
 
     def _closed_by_worker(self) -> bool:
         """Whether the worker closed our connection while it was idle (checked after IDLE_CHECK_AFTER_S
@@ -373,6 +378,7 @@ class TcpTransport:
             sock.settimeout(ANSWER_TIMEOUT_S)  # per receive: a stuck worker cannot hold the reader
             self._sock = sock  # from here on, interrupt() can wake a receive on it, and close() closes it
             self._unread = False  # a new connection: the worker dropped what it held for the old one
+            self._segments.reset()  # and let go of the segments the old one was lent
             self.memory_pid = None
             try:
                 if self._auth is not None:
@@ -495,7 +501,9 @@ class TcpTransport:
             mine = worker_pb2.GetElementsRequest()
             mine.CopyFrom(request)
             mine.read_memory = self.memory_pid is not None
+            mine.shared_memory = mine.read_memory and self._shared
             mine.previous_unread, self._unread = self._unread, False
+            mine.returned_segments.extend(self._segments.returnable())
             if self.compression:
                 mine.compression = self.compression
             auto = mine.compression == "AUTO"
@@ -524,11 +532,10 @@ class TcpTransport:
                 if frame_len != expected or (by_address and len(header.buffer_addresses) != len(sizes)):
                     raise WireFormatError(f"the response announced a {frame_len}-byte frame; its prefix says "
                                           f"{expected} bytes, {len(sizes)} buffers")
-                buffers = [self._take(n) for n in sizes]
                 if by_address:
                     if self.memory_pid is None:
                         raise WireFormatError("an answer by address to a request for bytes")
-                    self._copy_from_worker(header, buffers)
+                    buffers = self._from_worker(header, sizes)
                     if self._worker_closed():
                         # Closed, the worker frees these arrays soon after (DataServer._close): the copy may
                         # have read memory already reused. Dropped, not a byte of it used: a worker that stopped
@@ -536,6 +543,7 @@ class TcpTransport:
                         raise OSError("the worker closed the connection while its answer was copied from its "
                                       "memory; the copy is dropped")
                 else:
+                    buffers = [self._take(n) for n in sizes]
                     for buffer in buffers:
                         receiver.read_into(memoryview(buffer))
                     if auto:
@@ -577,10 +585,52 @@ class TcpTransport:
         """The answer just read came whole over the socket: the link's rate, from its first bytes to its last."""
         self.link.received(self._answer_unread, time.perf_counter() - self._answer_at)
 
-    def _copy_from_worker(self, header: worker_pb2.ElementChunk, buffers: list) -> None:
+    def _from_worker(self, header: worker_pb2.ElementChunk, sizes: list) -> list:
+        """The answer's out-of-band buffers from the worker's memory: mapped where it names a shared segment,
+        else copied."""
+        segments = header.buffer_segments
+        if not segments:
+            buffers = [self._take(n) for n in sizes]
+            self._copy_from_worker(header, buffers, range(len(buffers)))
+            return buffers
+        if len(segments) != len(sizes) or not (len(header.segment_fds) == len(header.segment_inodes)
+                                               == len(header.segment_offsets) == len(sizes)):
+            raise WireFormatError(f"an answer names shared segments for {len(segments)} of {len(sizes)} buffers")
+        buffers: list = [None] * len(sizes)
+        mapped = 0
+        try:
+            for i, segment_id in enumerate(segments):
+                if segment_id:
+                    # From the pid the probe checked, not whatever a header says.
+                    buffers[i] = self._segments.view(self.memory_pid, segment_id, header.segment_fds[i],
+                                                     header.segment_inodes[i], header.segment_offsets[i], sizes[i])
+                    mapped += 1
+        except (OSError, ValueError) as exc:
+            # The worker takes the answer back (previous_unread, which also returns its segments); from now
+            # on this connection copies, as a reader without shared batches does.
+            self._segments.drop_unreturned(mapped)
+            log.warning("%s: mapping the worker's shared batch failed (%s): large arrays are copied from now on",
+                        self._where, exc)
+            self._shared = False
+            self._unread = True
+            raise TransientError(f"{self._where}: mapping the worker's shared batch failed: {exc}") from None
+        copied = [i for i, segment_id in enumerate(segments) if not segment_id]
+        for i in copied:
+            buffers[i] = self._take(sizes[i])
+        if copied:
+            try:
+                self._copy_from_worker(header, buffers, copied)
+            except TransientError:
+                self._segments.drop_unreturned(mapped)
+                raise
+        return buffers
+
+    def _copy_from_worker(self, header: worker_pb2.ElementChunk, buffers: list, which: Sequence[int]) -> None:
         try:
             # From the pid the probe checked, not whatever a header says.
-            cross_memory.read_into(self.memory_pid, buffers, header.buffer_addresses, header.buffer_lengths)
+            cross_memory.read_into(self.memory_pid, [buffers[i] for i in which],
+                                   [header.buffer_addresses[i] for i in which],
+                                   [header.buffer_lengths[i] for i in which])
         except (OSError, EOFError, ValueError) as exc:
             # The worker still holds these elements: our next request tells it to take them back,
             # and asks for bytes over the socket from then on.
@@ -610,6 +660,8 @@ class TcpTransport:
                 self._sock = None
                 self._receiver = None
                 self._closed_check = None
+                # Closed, the worker orphans what this connection was lent: our mappings go with the arrays.
+                self._segments.reset()
 
 
 #: What ``distribute(data_transfer_protocol=...)`` accepts: None for the fastest a worker offers.

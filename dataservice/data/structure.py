@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dataservice.data import batch_memory
+
 __all__ = ["normalize", "flatten", "pack_as", "map_structure", "stack", "unstack", "pad_and_stack",
            "assert_same_structure"]
 
@@ -133,6 +135,12 @@ def _stack_leaves(leaves: list, component: int) -> Any:
                     f"Cannot batch tensors with different shapes in component {component}. "
                     f"First element had shape {list(shape)} and element {i} had shape {list(other)}."
                 )
+        dtype = first.dtype
+        if all(leaf.dtype == dtype for leaf in leaves):
+            # In a worker, a large batch may go straight into memory a reader maps (batch_memory).
+            out = batch_memory.allocate((len(leaves), *shape), dtype)
+            if out is not None:
+                return np.stack(leaves, out=out)
         return np.stack(leaves)
     if isinstance(first, (np.generic, bool, int, float)) and not isinstance(first, (bytes, str, np.str_, np.bytes_)):
         # One C loop over the scalars: the common case of batching a range.

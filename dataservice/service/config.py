@@ -179,6 +179,8 @@ def check_worker_tags(tags) -> tuple:
 #: thousands of typical batches, so that trainers running at similar speeds share nearly every element,
 #: without holding gigabytes per task (tf.data's default, 10 GB, assumes a host dedicated to the service).
 DEFAULT_CROSS_TRAINER_CACHE_BYTES = 256 * 1024 * 1024
+#: Each worker process's shared batch segments (WorkerConfig.shared_batch_bytes; worker.shared_batches).
+DEFAULT_SHARED_BATCH_BYTES = 256 * 1024 * 1024
 
 
 def default_memory_budget_bytes() -> int:
@@ -318,6 +320,10 @@ class WorkerConfig:
         long of its first byte (default 10 s), or the connection is closed.
       data_max_connections: data-transfer connections served at once (default 1024); more are refused
         with an error naming the limit.
+      shared_batch_bytes: the most memory of each worker process's shared batch segments
+        (``dataservice.worker.shared_batches``; default 256 MiB, or ``memory_budget_bytes`` if that is
+        less): a large batch is built in one, and a reader on this host maps it instead of copying it.
+        0 turns them off (readers on this host then copy batches out of the worker's memory).
       http_port: as for ``DispatcherConfig`` (``WorkerServer.http_port``): the worker's own metrics and page.
       cross_trainer_cache_size_bytes: the sliding window each task of a job read with ``cross_trainer_cache``
         keeps for its trainers (``dataservice.worker.trainer_cache``); default 256 MiB, or half of
@@ -351,6 +357,7 @@ class WorkerConfig:
     data_idle_timeout_ms: Optional[int] = None
     data_request_timeout_ms: Optional[int] = None
     data_max_connections: Optional[int] = None
+    shared_batch_bytes: Optional[int] = None
     http_port: Optional[int] = None
     cross_trainer_cache_size_bytes: Optional[int] = None
     worker_tags: Sequence[str] = ()
@@ -385,6 +392,12 @@ class WorkerConfig:
         _positive_ms(self, "data_idle_timeout_ms", 300_000)
         _positive_ms(self, "data_request_timeout_ms", 10_000)
         _positive(self, "data_max_connections", 1024, "connections", None)
+        if self.shared_batch_bytes is None:
+            object.__setattr__(self, "shared_batch_bytes", min(DEFAULT_SHARED_BATCH_BYTES, self.memory_budget_bytes))
+        elif isinstance(self.shared_batch_bytes, bool) or not isinstance(self.shared_batch_bytes, int) \
+                or self.shared_batch_bytes < 0:
+            raise ValueError(f"shared_batch_bytes must be a number of bytes >= 0 (0 turns shared batches off), got "
+                             f"{self.shared_batch_bytes!r}")
         _positive(self, "cross_trainer_cache_size_bytes",
                   max(1, min(DEFAULT_CROSS_TRAINER_CACHE_BYTES, self.memory_budget_bytes // 2)), "bytes", None)
         if self.cross_trainer_cache_size_bytes > self.memory_budget_bytes:

@@ -99,7 +99,7 @@ import ssl
 import struct
 import threading
 import time
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -108,6 +108,7 @@ from dataservice.dispatcher.request_checks import check_get_elements
 from dataservice.proto import worker_pb2
 from dataservice.service.auth import TOKEN_ENV, TOKEN_FILE_ENV, ClusterAuth, client_proof, new_nonce, server_proof
 from dataservice.service.cross_memory import address_of
+from dataservice.worker.shared_batches import SharedBatches
 from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQUEST_BYTES, PROOF_BYTES,
                                                REQUEST_HEADER, RESPONSE_HEADER, TOO_MANY_CONNECTIONS,
                                                UNAUTHENTICATED)
@@ -259,7 +260,7 @@ class _Connection:
     """One data-transfer connection: its socket, what it waits for, and until when."""
 
     __slots__ = ("sock", "fd", "phase", "buf", "view", "got", "drained", "started", "deadline", "held", "first",
-                 "busy", "event", "closed", "refused", "nonces", "dropped", "blocking", "read_flags")
+                 "busy", "event", "closed", "refused", "nonces", "dropped", "blocking", "read_flags", "held_segments")
 
     #: Room for the largest message read before a request is whole: a HELLO, or a request.
     BUFFER_BYTES = max(HELLO_BYTES, REQUEST_HEADER.size + MAX_REQUEST_BYTES)
@@ -275,6 +276,7 @@ class _Connection:
         self.started = 0.0  # when its first byte came
         self.deadline = deadline
         self.held: Optional[Prepared] = None  # an answer by address: its arrays stay alive until the next request
+        self.held_segments: list = []  # the shared segments (ids) that answer lent, one per buffer
         self.first = False  # the first request of a plaintext connection without a token: text is a stranger
         self.busy = True  # owned by a thread (else waiting in the epoll set)
         self.event = False  # bytes arrived while busy: its owner reads on before letting go
@@ -430,13 +432,15 @@ class DataServer:
                  tls: Optional[TlsSettings] = None, *, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, serving_threads: int = SERVING_THREADS,
-                 send_timeout_s: Optional[float] = None):
+                 send_timeout_s: Optional[float] = None, shared_batches: Optional[SharedBatches] = None):
         for name, value in (("idle_timeout_s", idle_timeout_s), ("request_timeout_s", request_timeout_s),
                             ("max_connections", max_connections), ("serving_threads", serving_threads)):
             if not value > 0:
                 raise ValueError(f"DataServer: {name} must be positive, got {value!r}")
         self._worker = worker
         self._auth = auth
+        # Large batches in shared segments, which readers on this host map (worker.shared_batches); None: off.
+        self._shared_batches = shared_batches
         self._tls_context = tls.server_context() if tls is not None else None
         self._idle_timeout_s = float(idle_timeout_s)
         self._request_timeout_s = float(request_timeout_s)
@@ -739,6 +743,9 @@ class DataServer:
             conn.sock.close()
         except OSError:
             pass
+        if self._shared_batches is not None:
+            # Its reader may still hold arrays of the segments lent to it: never written again.
+            self._shared_batches.drop_connection(conn)
         if held is not None:
             # The reader may be copying its arrays out of our memory right now. Freed at once, their memory
             # could be reused (another element, in this process) under the copy, which would then read
@@ -938,7 +945,11 @@ class DataServer:
         held = conn.held
         if held is not None and request.previous_unread:
             held.give_back()  # the reader could not copy them: nothing is lost
+            self._return_segments(conn, conn.held_segments)  # nor map them
         conn.held = None
+        conn.held_segments = []
+        if request.returned_segments:
+            self._return_segments(conn, request.returned_segments)
         if request.probe_memory:
             # The token's bytes follow, for the reader to compare with what it copies.
             probe = worker_pb2.ElementChunk(worker_pid=os.getpid(), buffer_addresses=[address_of(self._token)],
@@ -974,9 +985,13 @@ class DataServer:
             self._send(conn, [_framed(prepared.header, 0, 0)])
             return None
         by_address = request.read_memory and bool(frame.arrays)
+        lent: list = []
         if by_address:
-            prepared.header.buffer_addresses.extend(address_of(data) for data in frame.arrays)
-            prepared.header.buffer_lengths.extend(data.nbytes for data in frame.arrays)
+            header = prepared.header
+            header.buffer_addresses.extend(address_of(data) for data in frame.arrays)
+            header.buffer_lengths.extend(data.nbytes for data in frame.arrays)
+            if request.shared_memory and self._shared_batches is not None:
+                lent = self._lend_segments(conn, header, frame)
         # The prefix's parts are small (in-band values): one copy into the header's buffer saves
         # the kernel an iovec for each; the out-of-band buffers go from their numpy memory.
         head = _framed(prepared.header, frame.prefix_nbytes,
@@ -985,8 +1000,39 @@ class DataServer:
             self._send(conn, [head] if by_address else [head] + frame.buffers)
         except OSError:
             prepared.give_back()
+            self._return_segments(conn, lent)
             raise
+        conn.held_segments = lent
         return prepared if by_address else None
+
+    def _lend_segments(self, conn: _Connection, header: worker_pb2.ElementChunk, frame: Any) -> list:
+        """Names, in ``header``, the shared segment each of ``frame``'s out-of-band buffers lies in (0: none,
+        the reader copies it by address), lent to ``conn`` until its reader returns it; the ids lent."""
+        lent = []
+        pool = self._shared_batches
+        for address, size in zip(header.buffer_addresses, frame.buffer_sizes):
+            # The reader maps the buffer with its padding: the segment must hold that too (it does: pages).
+            segment = pool.find(address, size)
+            fd = pool.lend(segment, conn) if segment is not None else -1
+            if fd >= 0:
+                lent.append(segment.id)
+                header.buffer_segments.append(segment.id)
+                header.segment_fds.append(fd)
+                header.segment_inodes.append(segment.inode)
+                header.segment_offsets.append(address - segment.address)
+            else:
+                header.buffer_segments.append(0)
+                header.segment_fds.append(-1)
+                header.segment_inodes.append(0)
+                header.segment_offsets.append(0)
+        if not lent:
+            for field in ("buffer_segments", "segment_fds", "segment_inodes", "segment_offsets"):
+                header.ClearField(field)
+        return lent
+
+    def _return_segments(self, conn: _Connection, ids: Any) -> None:
+        if self._shared_batches is not None and ids:
+            self._shared_batches.give_back(ids, conn)
 
     # --- refusals -----------------------------------------------------------------------------------
     def _linger(self, conn: _Connection) -> bool:

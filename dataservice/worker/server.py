@@ -51,7 +51,7 @@ from dataservice.worker.metrics import ProductionCounters, WorkerMetrics
 from dataservice.worker.save_runner import SaveRunner
 from dataservice.worker.task_runner import TaskRunner
 from dataservice.worker.trainer_cache import TrainerCache
-from dataservice.worker import round_robin
+from dataservice.worker import round_robin, shared_batches
 
 __all__ = ["WorkerServer"]
 
@@ -132,6 +132,8 @@ class WorkerServer:
         #: The host readers compare theirs with (target_workers): the config's, else this process's.
         self._host_id = config.host_id or host_id()
         self._data_server: Optional[DataServer] = None
+        # Large batches built in shared memory, for readers on this host (tcp data transfer only).
+        self._shared_batches: Optional[shared_batches.SharedBatches] = None
         self.data_address = ""
         self._dispatcher: Optional[DispatcherClient] = None
         self._heartbeat_thread: Optional[threading.Thread] = None
@@ -228,11 +230,13 @@ class WorkerServer:
         if self._config.data_transfer_protocol == "tcp":
             config = self._config
             try:
+                self._shared_batches = shared_batches.process_pool(config.shared_batch_bytes)
                 self._data_server = DataServer(self, host=config.host, port=config.data_transfer_port,
                                                auth=self._auth, tls=server_tls,
                                                idle_timeout_s=config.data_idle_timeout_ms / 1000,
                                                request_timeout_s=config.data_request_timeout_ms / 1000,
-                                               max_connections=config.data_max_connections)
+                                               max_connections=config.data_max_connections,
+                                               shared_batches=self._shared_batches)
             except BaseException:  # its port taken, say: free the gRPC and HTTP ports bound above
                 self.stop(grace_s=0)
                 raise
@@ -305,7 +309,8 @@ class WorkerServer:
                                 "elements to any client that asks", task_def.task_id, task_def.iteration_id)
                 # Static sharding: the task runs this worker's shard of the pipeline (data/static_sharding.py).
                 runner = TaskRunner(task_def, static_sharding.for_task(dataset, task_def), self._dispatcher,
-                                    self.address, budget=self.memory_budget, start=False, counters=self.production)
+                                    self.address, budget=self.memory_budget, start=False, counters=self.production,
+                                    shared_batches=self._shared_batches)
                 if task_def.cross_trainer_cache or task_def.num_readers:
                     # Its trainers share its elements through a window of the task's own (responses.take); elastic
                     # readers through one that keeps each element until every reader has read it.

@@ -36,6 +36,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from dataservice import errors
+from dataservice.data import batch_memory
 from dataservice.data.checkpoint import Pace
 from dataservice.data.dataset import Dataset
 from dataservice.proto import dispatcher_pb2, state_pb2
@@ -129,8 +130,10 @@ class TaskRunner:
 
     def __init__(self, task_def: dispatcher_pb2.TaskDef, dataset: Dataset, dispatcher: DispatcherClient,
                  worker_address: str, budget: Optional[MemoryBudget] = None, start: bool = True,
-                 counters: Any = None):
+                 counters: Any = None, shared_batches: Any = None):
         self.task_def = task_def
+        # Large batches go into segments readers on this host map (worker.shared_batches.SharedBatches); None: not.
+        self._shared_batches = shared_batches
         self.task_id = task_def.task_id
         #: What every GetElements for this task must carry (empty: not checked; see responses.prepare).
         self.read_key = task_def.read_key
@@ -265,6 +268,10 @@ class TaskRunner:
         self._blocked_s += time.monotonic() - since
 
     def _produce(self) -> None:
+        with batch_memory.batches_into(self._shared_batches.allocate if self._shared_batches is not None else None):
+            self._produce_all()
+
+    def _produce_all(self) -> None:
         with self._cond:
             self._ran_from = time.monotonic()
         try:
