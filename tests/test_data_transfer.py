@@ -26,6 +26,7 @@ from dataservice.service import cross_memory
 from dataservice.service.wire import OUT_OF_BAND_BYTES, buffer_sizes, decode_frame
 from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER
 from dataservice.worker.data_server import DataServer
+from dataservice.worker.shared_batches import SharedBatches
 from dataservice.worker.task_runner import TaskRunner
 
 TASK_ID = 7
@@ -33,13 +34,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class OneTaskWorker:
-    """A TaskSource holding one parallel_epochs task (which needs no dispatcher)."""
+    """A TaskSource holding one parallel_epochs task (which needs no dispatcher); with ``shared_batches``
+    (a ``SharedBatches``) its large batches go into shared segments."""
 
     address = "localhost:0"
 
-    def __init__(self, dataset: Dataset):
+    def __init__(self, dataset: Dataset, shared_batches: Optional[SharedBatches] = None):
         task = dispatcher_pb2.TaskDef(task_id=TASK_ID, processing_mode=state_pb2.PARALLEL_EPOCHS)
-        self.runner = TaskRunner(task, dataset, dispatcher=None, worker_address=self.address)
+        self.runner = TaskRunner(task, dataset, dispatcher=None, worker_address=self.address,
+                                 shared_batches=shared_batches)
 
     def find_task(self, task_id: int, wait_s: float) -> Optional[TaskRunner]:
         return self.runner if task_id == TASK_ID else None
@@ -78,8 +81,8 @@ def mixed(x):
 def serve():
     servers = []
 
-    def start(dataset: Dataset) -> DataServer:
-        server = DataServer(OneTaskWorker(dataset), host="127.0.0.1")
+    def start(dataset: Dataset, shared_batches: Optional[SharedBatches] = None) -> DataServer:
+        server = DataServer(OneTaskWorker(dataset, shared_batches), host="127.0.0.1", shared_batches=shared_batches)
         server.start()
         servers.append(server)
         return server

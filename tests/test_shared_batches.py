@@ -4,14 +4,12 @@ reader returned it and the worker holds no reference to it, and never after its 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import mmap
 import os
 import subprocess
 import sys
 import threading
-from typing import Iterator, Optional
 
 import numpy as np
 import pytest
@@ -20,33 +18,18 @@ from dataservice import Dataset
 from dataservice.client.shared_segments import MappedSegments
 from dataservice.client.transports import TcpTransport, TransientError
 from dataservice.data import batch_memory, structure
-from dataservice.proto import dispatcher_pb2, state_pb2, worker_pb2
+from dataservice.proto import worker_pb2
 from dataservice.service import cross_memory
 from dataservice.service.config import DEFAULT_SHARED_BATCH_BYTES, WorkerConfig
 from dataservice.worker import shared_batches
 from dataservice.worker.data_server import DataServer
 from dataservice.worker.shared_batches import SharedBatches
-from dataservice.worker.task_runner import TaskRunner
+from tests.test_data_transfer import REPO, TASK_ID, OneTaskWorker, connected, serve  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not (shared_batches.available() and cross_memory.available()),
                                 reason="memfd and process_vm_readv are Linux-only")
 
-TASK_ID = 11
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = 256 * 1024  # float32: 1 MiB per element, so a batch of 2 or more is built in a segment
-
-
-class OneTaskWorker:
-    """A TaskSource holding one parallel_epochs task whose batches go into ``pool``."""
-
-    address = "localhost:0"
-
-    def __init__(self, dataset: Dataset, pool: Optional[SharedBatches]):
-        task = dispatcher_pb2.TaskDef(task_id=TASK_ID, processing_mode=state_pb2.PARALLEL_EPOCHS)
-        self.runner = TaskRunner(task, dataset, dispatcher=None, worker_address=self.address, shared_batches=pool)
-
-    def find_task(self, task_id: int, wait_s: float) -> Optional[TaskRunner]:
-        return self.runner if task_id == TASK_ID else None
 
 
 def element(x):
@@ -55,31 +38,6 @@ def element(x):
 
 def batches(n: int, size: int = 2) -> Dataset:
     return Dataset.range(n).map(element).batch(size)
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(dataset: Dataset, pool: Optional[SharedBatches]) -> DataServer:
-        server = DataServer(OneTaskWorker(dataset, pool), host="127.0.0.1", shared_batches=pool)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server._worker.runner.stop()
-        server.stop()
-
-
-@contextlib.contextmanager
-def connected(port: int, **kwargs) -> Iterator[TcpTransport]:
-    transport = TcpTransport(f"127.0.0.1:{port}", **kwargs)
-    try:
-        yield transport
-    finally:
-        transport.close()
 
 
 def next_batch(transport: TcpTransport) -> tuple:
@@ -104,7 +62,7 @@ def check(batch: np.ndarray, first: int, size: int = 2) -> None:
         assert batch[row, 0] == x and batch[row, -1] == x and np.all(batch[row] == x)
 
 
-def test_a_batch_is_built_in_a_segment_and_mapped_by_the_reader_not_copied(serve):
+def test_a_batch_is_built_in_a_segment_and_mapped_by_the_reader_not_copied(serve):  # noqa: F811
     pool = SharedBatches(64 << 20)
     server = serve(batches(8), pool)
     with connected(server.port) as transport:
@@ -117,7 +75,7 @@ def test_a_batch_is_built_in_a_segment_and_mapped_by_the_reader_not_copied(serve
         assert pool.created >= 1  # and the batches the task made ahead
 
 
-def test_shared_batches_off_the_batch_is_copied(serve):
+def test_shared_batches_off_the_batch_is_copied(serve):  # noqa: F811
     server = serve(batches(4), None)
     with connected(server.port) as transport:
         header, (batch,) = next_batch(transport)
@@ -126,7 +84,7 @@ def test_shared_batches_off_the_batch_is_copied(serve):
         check(batch, 0)
 
 
-def test_a_segment_is_reused_once_the_reader_dropped_its_batch_and_never_while_held(serve):
+def test_a_segment_is_reused_once_the_reader_dropped_its_batch_and_never_while_held(serve):  # noqa: F811
     pool = SharedBatches(64 << 20)
     server = serve(batches(40), pool)
     kept = []
@@ -145,7 +103,7 @@ def test_a_segment_is_reused_once_the_reader_dropped_its_batch_and_never_while_h
         assert lent_to_us <= 64 << 20
 
 
-def test_closing_the_connection_orphans_what_its_reader_still_holds(serve):
+def test_closing_the_connection_orphans_what_its_reader_still_holds(serve):  # noqa: F811
     pool = SharedBatches(64 << 20)
     server = serve(batches(12), pool)
     with connected(server.port) as transport:
@@ -168,7 +126,7 @@ def test_closing_the_connection_orphans_what_its_reader_still_holds(serve):
         check(batch, 2 * i)  # the orphaned ones were never written again
 
 
-def test_a_segment_the_reader_cannot_map_is_given_back_and_comes_as_bytes(serve):
+def test_a_segment_the_reader_cannot_map_is_given_back_and_comes_as_bytes(serve):  # noqa: F811
     pool = SharedBatches(64 << 20)
     server = serve(batches(8), pool)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -108,7 +108,6 @@ from dataservice.dispatcher.request_checks import check_get_elements
 from dataservice.proto import worker_pb2
 from dataservice.service.auth import TOKEN_ENV, TOKEN_FILE_ENV, ClusterAuth, client_proof, new_nonce, server_proof
 from dataservice.service.cross_memory import address_of
-from dataservice.worker.shared_batches import SharedBatches
 from dataservice.service.data_transfer import (HELLO_BYTES, HELLO_MAGIC, MAX_REQUEST_BYTES, PROOF_BYTES,
                                                REQUEST_HEADER, RESPONSE_HEADER, TOO_MANY_CONNECTIONS,
                                                UNAUTHENTICATED)
@@ -118,6 +117,7 @@ from dataservice.service.listening import bind_error
 from dataservice.service.log_limits import RateLimitedLog
 from dataservice.service.tls import TlsSettings
 from dataservice.worker.responses import Prepared, ReadKeyError, TaskSource, UnknownTaskError, prepare
+from dataservice.worker.shared_batches import SharedBatches
 
 __all__ = ["DataServer", "HANDSHAKE_TIMEOUT_S", "TLS_PLAINTEXT_ALERT", "SEND_STALL_TIMEOUT_S", "SERVING_THREADS"]
 
