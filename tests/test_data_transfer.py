@@ -26,6 +26,7 @@ from dataservice.service import cross_memory
 from dataservice.service.wire import OUT_OF_BAND_BYTES, buffer_sizes, decode_frame
 from dataservice.service.data_transfer import MAX_REQUEST_BYTES, REQUEST_HEADER, RESPONSE_HEADER
 from dataservice.worker.data_server import DataServer
+from dataservice.worker.memory_budget import MemoryBudget
 from dataservice.worker.shared_batches import SharedBatches
 from dataservice.worker.task_runner import TaskRunner
 
@@ -39,9 +40,10 @@ class OneTaskWorker:
 
     address = "localhost:0"
 
-    def __init__(self, dataset: Dataset, shared_batches: Optional[SharedBatches] = None):
+    def __init__(self, dataset: Dataset, shared_batches: Optional[SharedBatches] = None,
+                 budget: Optional[MemoryBudget] = None):
         task = dispatcher_pb2.TaskDef(task_id=TASK_ID, processing_mode=state_pb2.PARALLEL_EPOCHS)
-        self.runner = TaskRunner(task, dataset, dispatcher=None, worker_address=self.address,
+        self.runner = TaskRunner(task, dataset, dispatcher=None, worker_address=self.address, budget=budget,
                                  shared_batches=shared_batches)
 
     def find_task(self, task_id: int, wait_s: float) -> Optional[TaskRunner]:
@@ -81,8 +83,10 @@ def mixed(x):
 def serve():
     servers = []
 
-    def start(dataset: Dataset, shared_batches: Optional[SharedBatches] = None) -> DataServer:
-        server = DataServer(OneTaskWorker(dataset, shared_batches), host="127.0.0.1", shared_batches=shared_batches)
+    def start(dataset: Dataset, shared_batches: Optional[SharedBatches] = None,
+              budget: Optional[MemoryBudget] = None) -> DataServer:
+        server = DataServer(OneTaskWorker(dataset, shared_batches, budget), host="127.0.0.1",
+                            shared_batches=shared_batches)
         server.start()
         servers.append(server)
         return server

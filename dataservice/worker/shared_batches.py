@@ -137,7 +137,7 @@ class SharedBatches:
                 try:
                     found = Segment(self._next_id, size)
                 except OSError:
-                    self.declined += 1  # out of memory for shared files (/dev/shm's limit): as usual
+                    self.declined += 1  # no memory for another shared file (the cgroup's limit, say): as usual
                     return None
                 self._next_id += 1
                 self._segments[found.id] = found
