@@ -396,18 +396,6 @@ def test_a_background_checkpoint_lets_commits_go_on_and_carries_them_into_the_ne
         start(work_dir)
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
-def test_the_checkpoint_child_runs_only_on_cpu_the_dispatcher_leaves_idle():
-    """Nice 19 and SCHED_IDLE: the child's own view of itself, reported through its error pipe."""
-    from dataservice.dispatcher.forked_writes import ForkedWrite
-
-    def write() -> None:
-        policy, niceness = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
-        if (policy, niceness) != (os.SCHED_IDLE, 19):
-            raise AssertionError(f"the child runs with policy {policy}, nice {niceness}")
-    assert ForkedWrite.start(write).wait() is None
-
-
 def test_a_failed_background_checkpoint_leaves_the_journal_whole_and_is_retried(tmp_path, caplog):
     live = tmp_path / "live"
     store = JournaledStore(str(live), checkpoint_records=5)

@@ -14,8 +14,8 @@ nothing but ``write`` and ``os._exit``: no gRPC, no logging, no locks other
 threads of the parent might have held at the fork, no atexit handlers, no garbage collection
 (which would touch, and so copy, every page). Its signal handlers are reset to the defaults,
 so that a SIGTERM meant for the parent's group stops it without waking the parent's event loop.
-It runs at the lowest priority (nice 19, and ``SCHED_IDLE`` where there is one), on the CPUs it
-inherited: where the dispatcher has one CPU, the child gets what the RPCs leave idle. It reports a failure as text on a pipe.
+It runs at the lowest priority (nice 19), on the CPUs it inherited: where the dispatcher has one
+CPU, the child gets what the RPCs leave. It reports a failure as text on a pipe.
 
 gRPC's fork handlers must be off (``GRPC_ENABLE_FORK_SUPPORT=0`` when grpc was imported, which
 ``dataservice dispatcher`` sets: ``dataservice.grpc_startup``): with them on, gRPC restarts its
@@ -136,13 +136,6 @@ def _run_child(write: Callable[[], None], error_fd: int) -> None:
             # would otherwise take half of it from the RPCs while it runs.
             os.nice(19)
         except OSError:
-            pass
-        try:
-            # Nice 19 alone still took a pinned dispatcher's CPU from RPCs that had just woken: worker polls
-            # were answered 255-271 ms late at p99 at 2,000 workers and 10,000 readers, against 123 ms with
-            # SCHED_IDLE, which runs the child only on CPU time the dispatcher leaves idle.
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
             pass
         write()
         code = 0
