@@ -301,6 +301,7 @@ def test_an_endless_reads_done_splits_stay_a_few_ranges_and_replay_from_a_checkp
         state_pb2.SplitProgress(stream_id=0, split_index=s, ranges=[0, 8], total=8) for s in ended]))
     done = core.state.iterations[it.iteration_id].done
     assert len(done) == 2999 and (0, 1499) in done and (0, 1500) not in done and (0, 1501) in done
+    assert done.covers(0, 1500) and not done.covers(0, 1501) and not done.covers(1, 1) and done.covers(1, 0)
     (snapshot,) = [u.iteration_snapshot for u in core.state.to_updates() if u.HasField("iteration_snapshot")]
     assert list(snapshot.done_ranges) == [0, 0, 1500, 0, 1501, 3000] and not snapshot.done
     replayed = DispatcherState()
@@ -523,10 +524,11 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock, tmp_path):
     core.register_dataset(pb.RegisterDatasetRequest(dataset_def=b"a", num_splits=3, dataset_name="a-v1"))
     named = job(core, a, DE, "named")
     it = iteration(core, named)
-    iteration(core, named)  # a second client
+    second = iteration(core, named)  # a second client
     t1, t2 = core.state.iterations[it.iteration_id].tasks
     split(core, it.iteration_id, t1)
     split(core, it.iteration_id, t2)
+    split(core, it.iteration_id, t1)  # split 2, which no client holds when t1 is revoked below
     heartbeat(core, "w3:1", uid="c")  # joins the running iteration
     heartbeat(core, "w1:1", uid="a2")  # restarts
     heartbeat(core, "w1:1", uid="a2", current=[t1], finished=[t1])
@@ -535,6 +537,9 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock, tmp_path):
         client_id=it.client_id, read_key=it.read_key, stopped_tasks=[t1],
         progress=[state_pb2.SplitProgress(stream_id=0, split_index=0, ranges=[0, 5], total=5),
                   state_pb2.SplitProgress(stream_id=0, split_index=1, ranges=[0, 2], total=-1)]))
+    core.client_heartbeat(pb.ClientHeartbeatRequest(client_id=second.client_id, read_key=second.read_key,
+                                                    stopped_tasks=[t1]))
+    assert split(core, it.iteration_id, t2).split_index == 2  # the revoked task's split (assign_split, reassigned)
     for name in ("other", ""):  # a finished named iteration leaves a stub; an anonymous job leaves
         other = iteration(core, job(core, b, name=name))
         for t in core.state.iterations[other.iteration_id].tasks:
@@ -600,8 +605,17 @@ def test_replaying_the_updates_rebuilds_the_same_state(core, clock, tmp_path):
 
 
 def test_unknown_update_is_refused():
-    with pytest.raises(ValueError, match="unknown state update"):
+    with pytest.raises(ValueError, match="a kind this dataservice does not know"):
         DispatcherState().apply(state_pb2.Update())
+
+
+def test_an_update_of_a_newer_kind_says_to_upgrade():
+    """A kind added later (field 99 here) parses as an update of no kind: replaying it would drop what it
+    says, so it is refused, and the message says why."""
+    newer = state_pb2.Update.FromString(b"\x98\x06\x01")  # field 99, varint 1
+    assert newer.WhichOneof("kind") is None
+    with pytest.raises(ValueError, match="written by a newer dataservice; upgrade"):
+        DispatcherState().apply(newer)
 
 
 def test_state_apply_example_from_the_docstring():

@@ -236,9 +236,9 @@ def test_checkpoints_bound_the_journal_and_replay_to_the_same_state(tmp_path):
     store.wait_durable()
     assert core.state.iterations[iteration_id].next_split == 5000
 
-    # One AssignSplit record is ~30 bytes: 5,000 without checkpoints would be ~150 kB.
-    record = HEADER + len(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
-        iteration_id=iteration_id, task_id=task_id, split_index=4999)).SerializeToString())
+    # One LeaseSplits record is ~30 bytes: 5,000 without checkpoints would be ~150 kB.
+    record = HEADER + len(state_pb2.Update(lease_splits=state_pb2.LeaseSplitsUpdate(
+        iteration_id=iteration_id, task_id=task_id, split_indices=[4999])).SerializeToString())
     assert largest_journal <= 510 * record
     expected = comparable(core.state)
     next_id = core.state.next_id()

@@ -18,7 +18,7 @@ from dataservice import Dataset, distribute
 from dataservice.dispatcher import fleet_intervals
 from dataservice.dispatcher.core import INFINITE, DispatcherCore
 from dataservice.dispatcher.fleet_intervals import splits_per_lease
-from dataservice.dispatcher.state import DispatcherState
+from dataservice.dispatcher.state import DispatcherState, StateUpdateError
 from dataservice.proto import dispatcher_pb2 as pb
 from dataservice.proto import state_pb2
 from dataservice.service.config import DispatcherConfig
@@ -170,6 +170,44 @@ def test_the_journal_and_a_checkpoint_rebuild_a_multi_split_answer(core, large_f
     assert from_checkpoint.tasks[t2].last_splits == (2, 3)
 
 
+def test_a_lease_of_several_splits_is_one_journal_record(core, large_fleet):
+    recorder = Recorder(core)
+    it, (t1, _) = start(core, num_splits=INFINITE)
+    before = len(recorder.updates)
+    assert ask(core, it, t1, 1) == [0, 1]
+    (update,) = recorder.updates[before:]
+    assert update.WhichOneof("kind") == "lease_splits"
+    assert list(update.lease_splits.split_indices) == [0, 1]
+
+
+def test_a_journal_of_one_assign_split_per_split_rebuilds_the_same_lease(core, large_fleet):
+    """Journals written before ``lease_splits`` hold one ``assign_split`` record per split of an answer:
+    they replay to the state one ``lease_splits`` record gives."""
+    recorder = Recorder(core)
+    it, (t1, t2) = start(core, num_splits=INFINITE)
+    ask(core, it, t1, 1)
+    ask(core, it, t2, 1)
+    older = DispatcherState()
+    for update in recorder.updates:
+        if update.WhichOneof("kind") != "lease_splits":
+            older.apply(update)
+            continue
+        lease = update.lease_splits
+        for split in lease.split_indices:
+            older.apply(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
+                iteration_id=lease.iteration_id, task_id=lease.task_id, split_index=split,
+                request_id=lease.request_id)))
+    assert vars(older) == vars(core.state)
+    assert older.tasks[t1].last_splits == (0, 1) and older.tasks[t2].last_splits == (2, 3)
+
+
+def test_a_lease_of_no_split_is_refused(core):
+    it, (t1, _) = start(core, num_splits=INFINITE)
+    with pytest.raises(StateUpdateError, match="leases no split"):
+        core.state.apply(state_pb2.Update(lease_splits=state_pb2.LeaseSplitsUpdate(
+            iteration_id=it.iteration_id, task_id=t1, request_id=1)))
+
+
 def test_a_lost_workers_leased_splits_all_go_to_the_others(core, clock, large_fleet):
     it, (t1, t2) = start(core, num_splits=INFINITE)
     assert ask(core, it, t1, 1) == [0, 1]
@@ -257,9 +295,9 @@ def test_a_read_with_several_splits_per_answer_delivers_every_element_once(large
         assert got == list(range(3_000))
         answers: dict = {}
         for update in recorder.updates:
-            if update.WhichOneof("kind") == "assign_split":
-                key = (update.assign_split.task_id, update.assign_split.request_id)
-                answers[key] = answers.get(key, 0) + 1
+            if update.WhichOneof("kind") == "lease_splits":
+                key = (update.lease_splits.task_id, update.lease_splits.request_id)
+                answers[key] = answers.get(key, 0) + len(update.lease_splits.split_indices)
         assert max(answers.values()) >= 2, answers  # several splits in one answer (the fleet rule, and the pace)
 
 

@@ -272,7 +272,7 @@ class DispatcherCore:
             return [ALL]  # a save is news to every worker (rare)
         if kind in ("register_worker", "prune_worker", "bind_static_worker"):
             return [("worker", change.worker_address)]
-        if kind == "assign_split":
+        if kind in ("assign_split", "lease_splits"):
             return []  # a split leased frees nothing
         if kind == "record_progress" and not any(p.total >= 0 for p in change.progress):
             return []  # offsets without a split's end free nothing (and come with every reader's heartbeat)
@@ -1157,7 +1157,8 @@ class DispatcherCore:
         if job.processing_mode != state_pb2.DISTRIBUTED_EPOCH:
             return False
         num_splits = self.state.datasets[job.dataset_id].num_splits
-        return num_splits >= 0 and len(iteration.done) >= num_splits
+        # Checked after every heartbeat that reports progress: not a walk over every done split's range.
+        return num_splits >= 0 and iteration.done.covers(0, num_splits)
 
     def _worker_news(self, address: str, current: Iterable[int], view=None) -> dispatcher_pb2.WorkerHeartbeatResponse:
         """What a full-list heartbeat tells the worker: a walk over all its tasks. With ``view`` (the
@@ -1324,11 +1325,12 @@ class DispatcherCore:
                     count = self._splits_per_lease(req, iteration, num_splits, split)
                     leased: list[int] = []
                     while len(leased) < count and (num_splits == INFINITE or split < num_splits):
-                        self._commit(state_pb2.Update(assign_split=state_pb2.AssignSplitUpdate(
-                            iteration_id=req.iteration_id, task_id=req.task_id, split_index=split,
-                            request_id=req.request_id)))
                         leased.append(split)
                         split = _next_new_split(iteration, split + 1)
+                    # One record for the whole lease: at 2,000 workers, one per split was most of the journal.
+                    self._commit(state_pb2.Update(lease_splits=state_pb2.LeaseSplitsUpdate(
+                        iteration_id=req.iteration_id, task_id=req.task_id, split_indices=leased,
+                        request_id=req.request_id)))
                     self._leased_at(req.task_id, len(leased))
                     # A restored read's group taken in part is produced without what was taken of it.
                     return self._split_answer(iteration, 0, leased)

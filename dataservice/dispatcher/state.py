@@ -175,6 +175,12 @@ class DoneSplits:
         ranges = self._streams.get(key[0])
         return ranges is not None and key[1] in ranges
 
+    def covers(self, stream: int, total: int) -> bool:
+        """Whether splits ``0 .. total - 1`` of ``stream`` are all done: O(1), where ``len`` walks every range
+        (a distributed_epoch read's done splits are as ragged as its thousands of readers made them)."""
+        ranges = self._streams.get(stream)
+        return total == 0 or (ranges is not None and ranges.covers(total))
+
     def __len__(self) -> int:
         # A sum over the ranges, about as many as the splits in flight: no count to keep in step.
         return sum(len(ranges) for ranges in self._streams.values())
@@ -380,6 +386,9 @@ class DispatcherState:
         kind = update.WhichOneof("kind")
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
+            if kind is None:
+                raise StateUpdateError("a state update of a kind this dataservice does not know: the journal "
+                                       "was written by a newer dataservice; upgrade to start on this work_dir")
             raise StateUpdateError(f"unknown state update {kind!r}")
         handler(getattr(update, kind))
 
@@ -527,6 +536,20 @@ class DispatcherState:
             iteration.pending.pop(key, None)
         else:
             iteration.next_split = max(iteration.next_split, u.split_index + 1)
+
+    def _apply_lease_splits(self, u: state_pb2.LeaseSplitsUpdate) -> None:
+        what = f"lease_splits of splits {list(u.split_indices)}"
+        iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
+        task = self._need(self.tasks, u.task_id, "task", what)
+        if task.iteration_id != u.iteration_id:
+            raise StateUpdateError(f"{what}: task {u.task_id} belongs to iteration {task.iteration_id}, "
+                                   f"not {u.iteration_id}")
+        if not u.split_indices:
+            raise StateUpdateError(f"lease_splits for task {u.task_id} leases no split")
+        task.last_request_id, task.last_splits = u.request_id, tuple(u.split_indices)
+        for split in u.split_indices:
+            iteration.leases[(task.stream_id, split)] = u.task_id
+        iteration.next_split = max(iteration.next_split, max(u.split_indices) + 1)
 
     def _apply_record_progress(self, u: state_pb2.RecordProgressUpdate) -> None:
         iteration = self._need(self.iterations, u.iteration_id, "iteration", "record_progress")
