@@ -250,6 +250,9 @@ class _Recorder:
         self.answered: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.worker_late: list = []       # no-news WorkerHeartbeat: answer time minus the wait asked
+        # Heartbeats more than LATE_S late (workers) or slow (readers), by second of the window they were sent in:
+        # whether the tail is spread out or comes in bursts (a job's tasks made on every worker at once).
+        self.late_by_second: dict[str, dict[int, int]] = {"worker": {}, "client": {}}
         self.early_answers = 0            # no-news WorkerHeartbeat answered before its wait (no slot)
         self.worker_gaps: list = []       # time between two heartbeats of one worker reaching us
         self.client_gaps: list = []       # time between two heartbeats of one reader starting
@@ -267,9 +270,15 @@ class _Recorder:
     def inside(self, started: float) -> bool:
         return self.window[0] <= started < self.window[1]
 
+    def late_at(self, kind: str, started: float) -> None:
+        second = int(started - self.window[0])
+        self.late_by_second[kind][second] = self.late_by_second[kind].get(second, 0) + 1
+
     def call(self, method: str, started: float, ended: float) -> None:
         if self.inside(started):
             self.latency.setdefault(method, []).append(ended - started)
+            if method == "ClientHeartbeat" and ended - started > LATE_S:
+                self.late_at("client", started)
         if self.inside(ended):  # the dispatcher's CPU in the window went to the calls answered in it
             self.answered[method] = self.answered.get(method, 0) + 1
 
@@ -420,6 +429,8 @@ class _Sim:
                     if late < -0.05:
                         self.rec.early_answers += 1
                     self.rec.worker_late.append(max(0.0, late))
+                    if late > LATE_S:
+                        self.rec.late_at("worker", sent)
                 await asyncio.sleep(max(0.0, asked / 2 - (answered - sent)))
         for splitter in splitters.values():
             splitter.cancel()
@@ -585,7 +596,7 @@ class _Sim:
             await channel.close()
         r = self.rec
         return {"latency": r.latency, "answered": r.answered, "errors": r.errors, "worker_late": r.worker_late,
-                "early_answers": r.early_answers, "worker_gaps": r.worker_gaps, "client_gaps": r.client_gaps,
+                "late_by_second": r.late_by_second, "early_answers": r.early_answers, "worker_gaps": r.worker_gaps, "client_gaps": r.client_gaps,
                 "lost": r.lost, "ready": r.ready, "task_lists": r.task_lists, "loop_lag": self.loop_lag,
                 "rejoined": r.rejoined,
                 "cpu_s": (cpu_window[1] - cpu_window[0]) if len(cpu_window) == 2 else None,
@@ -712,6 +723,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
             time.sleep(max(0.0, window_start + min(2.0, args.duration_s / 4) - time.time()))
             victim, address = children[REAL_WORKERS], worker_addresses[-1]  # the last real worker
             killed = time.monotonic()
+            report["kill_at_s"] = time.time() - window_start
             os.killpg(victim.popen.pid, signal.SIGKILL)
             pattern = re.compile(rf"revoked task \d+ on worker {re.escape(address)} \(no heartbeat")
             deadline = window_start + args.duration_s
@@ -768,6 +780,15 @@ def _declared_lost(dispatcher_log: str) -> tuple[int, int]:
     return len(workers), len(clients)
 
 
+def _by_second(shards: list, kind: str) -> dict[int, int]:
+    """Heartbeats of ``kind`` late by over LATE_S, per second of the window, summed over the shards."""
+    out: dict[int, int] = {}
+    for shard in shards:
+        for second, count in shard.get("late_by_second", {}).get(kind, {}).items():
+            out[int(second)] = out.get(int(second), 0) + count
+    return dict(sorted(out.items()))
+
+
 def _summarize(shards: list, seconds: float, cpu0, cpu1, io0: dict, io1: dict, fsyncs0, fsyncs1, status,
                dispatcher_log: str, client_interval_s: float, worker_interval_ms: int) -> dict:
     latency: dict = {}
@@ -817,6 +838,7 @@ def _summarize(shards: list, seconds: float, cpu0, cpu1, io0: dict, io1: dict, f
             "gap_p99_ms": _ms(_pct(merged["client_gaps"], 0.99)),
         },
         "ready": {k: sum(s["ready"][k] for s in shards) for k in shards[0]["ready"]},
+        "late_by_second": {kind: _by_second(shards, kind) for kind in ("worker", "client")},
         "rejoined": sum(s.get("rejoined", 0) for s in shards),
         "worker_task_lists": {k: sum(s["task_lists"][k] for s in shards) for k in shards[0]["task_lists"]},
         "lost": {"workers_declared_lost": lost_workers, "clients_released": lost_clients,
@@ -893,6 +915,14 @@ def print_report(r: dict, out=print) -> None:
         seconds = r.get("failure_detection_s")
         out("  a real worker killed (-9) in the window: "
             + (f"declared lost after {seconds:.1f} s" if seconds is not None else "NOT declared lost within the window"))
+    late = r.get("late_by_second") or {}
+    seconds_late = sorted(set(late.get("worker", {})) | set(late.get("client", {})))
+    if seconds_late:
+        # The real read's job starts at 0 s (a task on every worker); the real worker is killed at kill_at_s.
+        out("  over 100 ms late, by second of the window (worker heartbeats/reader heartbeats; the real read starts "
+            f"at 0 s{', a worker is killed at %.0f s' % r['kill_at_s'] if r.get('kill_at_s') is not None else ''}): "
+            + ", ".join(f"{t}: {late.get('worker', {}).get(t, 0)}/{late.get('client', {}).get(t, 0)}"
+                        for t in seconds_late))
     real = r["real_read"]
     once = real["idle"]["exactly_once"] and real["loaded"]["exactly_once"]
     out(f"  real read of {REAL_READ_ELEMENTS}: idle {real['idle']['elements_per_s']:.0f}/s, beside the fleet "

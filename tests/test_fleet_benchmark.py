@@ -50,6 +50,11 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
         assert key in report["worker_heartbeat"]
     for key in ("latency_p50_ms", "latency_p99_ms", "late_over_100ms", "late_over_interval"):
         assert key in report["client_heartbeat"]
+    # The late heartbeats again, per second of the window they were sent in.
+    by_second = report["late_by_second"]
+    assert sum(by_second["worker"].values()) == report["worker_heartbeat"]["late_over_100ms"]
+    assert sum(by_second["client"].values()) == report["client_heartbeat"]["late_over_100ms"]
+    assert all(0 <= int(t) < report["duration_s"] for kind in by_second.values() for t in kind), by_second
     real = report["real_read"]
     for read in (real["idle"], real["loaded"]):
         assert read["elements"] == 20_000 and read["exactly_once"] is True and read["elements_per_s"] > 0
@@ -98,3 +103,19 @@ def test_pin_puts_every_thread_of_the_dispatcher_on_one_cpu_and_the_rest_on_the_
         os.sched_setaffinity(0, before)
         child.kill()
         child.wait()
+
+
+def test_late_heartbeats_are_counted_per_second_of_the_window_and_summed_over_simulators():
+    from benchmarks.fleet import _by_second, _Recorder
+
+    shards = []
+    for late_calls in ((101.5, 101.9, 103.2), (101.1,)):
+        recorder = _Recorder((100.0, 120.0))
+        for started in late_calls:
+            recorder.late_at("worker", started)
+        recorder.call("ClientHeartbeat", 104.0, 104.3)   # 300 ms: late
+        recorder.call("ClientHeartbeat", 105.0, 105.05)  # 50 ms: not
+        recorder.call("ClientHeartbeat", 99.0, 99.5)     # before the window: not counted
+        shards.append({"late_by_second": recorder.late_by_second})
+    assert _by_second(shards, "worker") == {1: 3, 3: 1}
+    assert _by_second(shards, "client") == {4: 2}

@@ -245,6 +245,26 @@ def test_an_update_that_does_not_fit_the_state_refuses_the_start(tmp_path, caplo
     assert f"at offset {offset} in {work_dir / JOURNAL}" in caplog.text
 
 
+def test_a_journal_written_by_a_newer_dataservice_refuses_the_start_saying_to_upgrade(tmp_path):
+    """An update of a kind added later (a later dataservice's ``lease_splits`` read by this one's
+    predecessor, say) is not skipped: skipping it would replay a state without what it recorded."""
+    journal = journal_mod.Journal(str(tmp_path))
+    journal.open()
+    journal.append(state_pb2.Update(register_dataset=state_pb2.RegisterDatasetUpdate(dataset_id=7, fingerprint=b"f")))
+    journal.wait_durable(journal.append(state_pb2.Update.FromString(b"\x98\x06\x01")))  # field 99: unknown here
+    journal.close()
+    before = files_of(tmp_path)
+    with pytest.raises(JournalCorruptionError, match="written by a newer dataservice; upgrade"):
+        start(tmp_path)
+    assert files_of(tmp_path) == before
+    recovered = JournaledStore(str(tmp_path), recover=True)  # --recover-journal: the prefix before it
+    recovered.open()
+    try:
+        assert list(recovered.state.datasets) == [7]
+    finally:
+        recovered.close()
+
+
 # --- what must still start, with nothing lost -------------------------------------------------
 
 def test_a_torn_last_write_after_a_crash_is_dropped_and_nothing_acknowledged_is_lost(tmp_path, caplog):
