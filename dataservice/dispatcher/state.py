@@ -519,13 +519,17 @@ class DispatcherState:
         del self.clients[u.client_id]
         self.iterations[client.iteration_id].clients.discard(u.client_id)
 
-    def _apply_assign_split(self, u: state_pb2.AssignSplitUpdate) -> None:
-        what = f"assign_split of split {u.split_index}"
+    def _lease_target(self, u, what: str) -> tuple:
+        """The iteration and task a split lease (``assign_split``, ``lease_splits``) names, checked."""
         iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
         task = self._need(self.tasks, u.task_id, "task", what)
         if task.iteration_id != u.iteration_id:
             raise StateUpdateError(f"{what}: task {u.task_id} belongs to iteration {task.iteration_id}, "
                                    f"not {u.iteration_id}")
+        return iteration, task
+
+    def _apply_assign_split(self, u: state_pb2.AssignSplitUpdate) -> None:
+        iteration, task = self._lease_target(u, f"assign_split of split {u.split_index}")
         if u.request_id and u.request_id == task.last_request_id and not u.reassigned:
             task.last_splits += (u.split_index,)  # another split of the same answer (GetSplitRequest.max_splits)
         else:
@@ -538,12 +542,7 @@ class DispatcherState:
             iteration.next_split = max(iteration.next_split, u.split_index + 1)
 
     def _apply_lease_splits(self, u: state_pb2.LeaseSplitsUpdate) -> None:
-        what = f"lease_splits of splits {list(u.split_indices)}"
-        iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
-        task = self._need(self.tasks, u.task_id, "task", what)
-        if task.iteration_id != u.iteration_id:
-            raise StateUpdateError(f"{what}: task {u.task_id} belongs to iteration {task.iteration_id}, "
-                                   f"not {u.iteration_id}")
+        iteration, task = self._lease_target(u, f"lease_splits for task {u.task_id}")
         if not u.split_indices:
             raise StateUpdateError(f"lease_splits for task {u.task_id} leases no split")
         task.last_request_id, task.last_splits = u.request_id, tuple(u.split_indices)
