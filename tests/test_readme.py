@@ -206,7 +206,22 @@ def test_a_block_runs_as_pasted(page, index, tmp_path, request):
         block = _for_cluster(block, request.getfixturevalue("cluster_port"))
     script = tmp_path / "snippet.py"
     script.write_text(block)
-    _check(_run(script, cwd=tmp_path), block, f"{page} block {index}")
+    result = _run(script, cwd=tmp_path)
+    if _aborted_in_gloo_teardown(result, block):
+        # torch's gloo backend can abort the process at interpreter exit, after destroy_process_group and
+        # after the block's work and output are done (pytorch/pytorch#179291): seen once in many CI runs.
+        # Run once more; the second run is checked as strictly as the first.
+        result = _run(script, cwd=tmp_path)
+    _check(result, block, f"{page} block {index}")
+
+
+def _aborted_in_gloo_teardown(result: subprocess.CompletedProcess, block: str) -> bool:
+    """The process was aborted (SIGABRT) by C++'s std::terminate and nothing else was wrong: a block using
+    torch.distributed, every line it says it prints printed, no Python traceback."""
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    return (result.returncode == -signal.SIGABRT and "torch.distributed" in block
+            and result.stderr.strip() == "terminate called without an active exception"
+            and bool(lines) and all(expected in lines for expected in _expected_lines(block)))
 
 
 def test_the_example_project_runs_on_workers_that_lack_its_files(tmp_path, cluster_port):
@@ -308,3 +323,15 @@ def test_the_cluster_commands_start_a_cluster_the_pages_example_reads(page, comm
     finally:
         for proc in procs:
             _stop(proc)
+
+
+def test_only_torchs_abort_at_exit_after_a_complete_run_is_run_again():
+    block = "import torch.distributed as dist\nprint('done')\n"
+    aborted = subprocess.CompletedProcess([], -signal.SIGABRT, "done\n",
+                                          "terminate called without an active exception\n")
+    assert _aborted_in_gloo_teardown(aborted, block)
+    for other in (subprocess.CompletedProcess([], 1, "done\n", "terminate called without an active exception\n"),
+                  subprocess.CompletedProcess([], -signal.SIGABRT, "", "terminate called without an active exception\n"),
+                  subprocess.CompletedProcess([], -signal.SIGABRT, "done\n", "Traceback (most recent call last):\n")):
+        assert not _aborted_in_gloo_teardown(other, block)
+    assert not _aborted_in_gloo_teardown(aborted, "print('done')\n")  # no torch.distributed: a real failure
