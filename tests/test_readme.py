@@ -208,8 +208,9 @@ def test_a_block_runs_as_pasted(page, index, tmp_path, request):
     script.write_text(block)
     result = _run(script, cwd=tmp_path)
     if _aborted_in_gloo_teardown(result, block):
-        # torch's gloo backend can abort the process at interpreter exit, after destroy_process_group and
-        # after the block's work and output are done (pytorch/pytorch#179291): seen once in many CI runs.
+        # torch can abort the process in C++ at interpreter exit (the gloo backend's teardown), after
+        # destroy_process_group and after the block's work and output are done (pytorch/pytorch#179291
+        # discusses such an abort): seen once in many CI runs.
         # Run once more; the second run is checked as strictly as the first.
         result = _run(script, cwd=tmp_path)
     _check(result, block, f"{page} block {index}")
