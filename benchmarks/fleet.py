@@ -596,7 +596,8 @@ class _Sim:
             await channel.close()
         r = self.rec
         return {"latency": r.latency, "answered": r.answered, "errors": r.errors, "worker_late": r.worker_late,
-                "late_by_second": r.late_by_second, "early_answers": r.early_answers, "worker_gaps": r.worker_gaps, "client_gaps": r.client_gaps,
+                "late_by_second": r.late_by_second, "early_answers": r.early_answers, "worker_gaps": r.worker_gaps,
+                "client_gaps": r.client_gaps,
                 "lost": r.lost, "ready": r.ready, "task_lists": r.task_lists, "loop_lag": self.loop_lag,
                 "rejoined": r.rejoined,
                 "cpu_s": (cpu_window[1] - cpu_window[0]) if len(cpu_window) == 2 else None,

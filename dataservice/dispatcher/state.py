@@ -519,7 +519,7 @@ class DispatcherState:
         del self.clients[u.client_id]
         self.iterations[client.iteration_id].clients.discard(u.client_id)
 
-    def _lease_target(self, u, what: str) -> tuple:
+    def _lease_target(self, u, what: str) -> tuple["IterationInfo", "TaskInfo"]:
         """The iteration and task a split lease (``assign_split``, ``lease_splits``) names, checked."""
         iteration = self._need(self.iterations, u.iteration_id, "iteration", what)
         task = self._need(self.tasks, u.task_id, "task", what)
