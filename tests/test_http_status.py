@@ -3,6 +3,7 @@ prometheus_client's parser, /status.json, errors, shutdown, and the status page 
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import os
@@ -23,6 +24,7 @@ from dataservice import Dataset, DispatcherConfig, DispatchServer, Options, Work
 from dataservice.cli import build_parser, dispatcher_config, main
 from dataservice.client.distribute import distribute
 from dataservice.data.experimental import StatsAggregator
+from dataservice.dispatcher import collector_pauses
 from dataservice.errors import ServiceUnavailableError
 from tests.cluster import TestCluster, run_with_deadline, wait_until
 from tests.journals import named_job
@@ -389,3 +391,20 @@ def test_cli_local_prints_each_servers_http_port(procs):
     for name, port in ports.items():
         assert json.loads(get(port, "/status.json"))["address"] == name.split()[1]
     assert proc.stop(signal.SIGTERM) == 0
+
+
+def test_the_dispatcher_shows_its_full_collections_on_metrics_and_status():
+    with TestCluster(num_workers=1, http_port=0) as cluster:
+        assert sorted(int(x) for x in Dataset.range(20).apply(distribute("distributed_epoch", cluster.target))) \
+            == list(range(20))
+        before = collector_pauses.FULL_COLLECTIONS.snapshot().count
+        gc.collect()
+        port = cluster.dispatcher.http_port
+        samples = scrape(port)
+        count = value(samples, "dataservice_gc_full_collections_total")
+        assert count >= before + 1
+        assert value(samples, "dataservice_gc_full_collection_seconds_bucket", le="+Inf") == \
+            value(samples, "dataservice_gc_full_collection_seconds_count") >= count
+        page = json.loads(get(port, "/status.json"))["gc"]
+        assert page["full_collections"] >= count
+        assert page["recent"][-1]["ms"] >= 0 and page["recent"][-1]["ended_unix"] > 0

@@ -26,6 +26,8 @@ Metrics (all ``dataservice_*``; gauges unless said):
 - ``dataservice_recommended_workers``: the scaling signal's worker count (``scaling.recommend``).
 - ``dataservice_saves{state=running|finished|failed}``; per running save
   ``dataservice_save_groups{save_id,state=total|committed|leased}``.
+- ``dataservice_gc_full_collections_total`` (counter) and ``dataservice_gc_full_collection_seconds``
+  (histogram): the process's full garbage collections and how long each stopped it (``collector_pauses``).
 
 Example::
 
@@ -43,6 +45,7 @@ import time
 from typing import Iterator
 
 import dataservice
+from dataservice.dispatcher.collector_pauses import FULL_COLLECTIONS
 from dataservice.dispatcher.core import STATUS_ITEMS, DispatcherCore
 from dataservice.dispatcher.state import IterationState
 from dataservice.proto import state_pb2
@@ -155,6 +158,7 @@ class DispatcherMetrics(Collector):
             "journal": None if journal is None else {
                 "fsyncs": journal.fsyncs, "records": journal.records_written,
                 "fsync_mean_ms": _mean_ms(journal.fsync_latency.snapshot())},
+            "gc": _full_collections(),
         }
 
     # --- /metrics ---------------------------------------------------------------------------------------
@@ -256,10 +260,24 @@ class DispatcherMetrics(Collector):
             saves.add_metric([state], n)
         yield saves
         yield groups
+        full = FULL_COLLECTIONS.snapshot()
+        yield CounterMetricFamily("dataservice_gc_full_collections",
+                                  "Full garbage collections of the dispatcher's process", value=full.count)
+        pauses = HistogramMetricFamily("dataservice_gc_full_collection_seconds",
+                                       "How long each full garbage collection stopped the dispatcher's process")
+        pauses.add_metric([], [(_le(b), n) for b, n in full.buckets], sum_value=full.total_s)
+        yield pauses
 
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def _full_collections() -> dict:
+    full = FULL_COLLECTIONS.snapshot()
+    return {"full_collections": full.count, "full_collection_s": round(full.total_s, 6),
+            "recent": [{"ended_unix": at, "ms": round(seconds * 1000, 3), "collected": collected}
+                       for at, seconds, collected in full.recent]}
 
 
 def _mean_ms(h) -> float | None:

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Optional
 
+from dataservice.dispatcher.collector_pauses import watch_full_collections
 from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.grpc_service import add_dispatcher_service
 from dataservice.dispatcher.journaled_store import JournaledStore
@@ -89,6 +90,7 @@ class DispatchServer:
         """Binds the port and starts serving; idempotent."""
         if self._server is not None:
             return
+        watch_full_collections()  # a collection's pause, named on /metrics, tells late heartbeats' cause
         store = self._open_store() if self._config.fault_tolerant_mode else None
         try:
             core = DispatcherCore(self._config, store=store)
