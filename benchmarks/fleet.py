@@ -78,6 +78,12 @@ TABLE_READERS = (1000, 10000)
 #: The real read beside the fleet.
 REAL_READ_ELEMENTS = 20_000
 REAL_WORKERS = 2
+#: The real workers' tags. The real read's job has a task on every worker, simulated ones included, which
+#: never serve it: a reader trying 2,000 addresses that answer nothing read 400-500 elements/s beside the fleet,
+#: a measure of the simulator. Tagged COLOCATED, the real workers are the only ones this host's reader reads
+#: (``distribute(target_workers="AUTO")``), as on a fleet where each trainer reads the workers beside it; the
+#: job still puts its task on every simulated worker, so the dispatcher's load is the same.
+REAL_WORKER_TAGS = "COLOCATED"
 #: Elements in a simulated split: a reader reports each split it was delivered whole, with this total.
 SPLIT_ELEMENTS = 4096
 #: The most splits a reader reports delivered in one heartbeat (the rest wait for its next).
@@ -669,8 +675,11 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         http_port = int(http) if http else None
         service = f"grpc://localhost:{port}"
         for w in range(REAL_WORKERS):
+            # COLOCATED: the real reader, on this host, reads these two only (target_workers AUTO), not the
+            # simulated workers, which have a task of its job each but serve nothing (see REAL_WORKER_TAGS).
             child = _Child([sys.executable, "-m", "dataservice", "worker", "--dispatcher", f"localhost:{port}",
-                            "--port", "0", "--log-level", "WARNING"], env, src, work / f"worker{w}.log", f"worker{w}")
+                            "--port", "0", "--log-level", "WARNING", "--worker-tags", REAL_WORKER_TAGS],
+                           env, src, work / f"worker{w}.log", f"worker{w}")
             children.append(child)
         worker_addresses = [child.wait_for(r"worker listening on (\S+)", START_TIMEOUT_S).group(1)
                             for child in children[1:]]
@@ -717,6 +726,10 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
 
         reader = threading.Thread(target=real_read, name="fleet-real-read", daemon=True)
         reader.start()
+        cpu_by_second: list = []
+        sampler = threading.Thread(target=_sample_cpu, args=(dispatcher.pid, window_start, args.duration_s,
+                                                             cpu_by_second), name="fleet-cpu", daemon=True)
+        sampler.start()
         detection: dict = {}
         if args.kill_worker:
             # Failure detection under the fleet: a real worker is killed (-9) early in the window; how long until
@@ -736,6 +749,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         time.sleep(max(0.0, window_start + args.duration_s - time.time()))
         cpu1, io1 = process_cpu_s(dispatcher.pid, children=True), _proc_fields(dispatcher.pid)
         seconds = time.monotonic() - measured0
+        sampler.join(5.0)
         status = _status_json(http_port)
         fsyncs1 = _journal_fsyncs(status) if args.fault_tolerant else None
         dispatcher_log = dispatcher.output()  # before the fleet stops: its end is no loss
@@ -758,6 +772,8 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         report.update(_summarize(shards, seconds, cpu0, cpu1, io0, io1, fsyncs0, fsyncs1, status, dispatcher_log,
                                  client_interval_s, worker_interval_ms))
         report["real_read"] = {"idle": idle, "loaded": loaded}
+        report["cpu_by_second"] = cpu_by_second
+        report["full_collections"] = _full_collections(status, window_start, window_start + args.duration_s)
         report["kill_worker"] = args.kill_worker
         report["failure_detection_s"] = detection.get("seconds")
         report["load_after"] = os.getloadavg()[0]
@@ -771,6 +787,32 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
             shutil.rmtree(work, ignore_errors=True)
         else:
             log(f"  logs kept in {work}")
+
+
+def _full_collections(status: Optional[dict], start_unix: float, end_unix: float) -> Optional[dict]:
+    """The dispatcher's full garbage collections: how many since it started, and those that ended inside the
+    window as ``[second of the window, pause ms]`` (its /status.json keeps the latest 16); None from a
+    dispatcher that does not time them."""
+    gc = (status or {}).get("gc")
+    if not isinstance(gc, dict):
+        return None
+    return {"since_start": gc.get("full_collections", 0),
+            "in_window": [[round(c["ended_unix"] - start_unix, 1), c["ms"]] for c in gc.get("recent", [])
+                          if start_unix <= c["ended_unix"] <= end_unix]}
+
+
+def _sample_cpu(pid: int, window_start: float, duration_s: float, out: list) -> None:
+    """The dispatcher's CPU in each whole second of the window, a fraction of a core (its checkpoint writers
+    counted in the second they were reaped): a burst, e.g. a new job's fan-out, shows as the seconds it fills."""
+    previous = None
+    for second in range(int(duration_s) + 1):
+        time.sleep(max(0.0, window_start + second - time.time()))
+        now = process_cpu_s(pid, children=True)
+        if now is None:
+            return
+        if previous is not None:
+            out.append(round(now - previous, 3))
+        previous = now
 
 
 def _declared_lost(dispatcher_log: str) -> tuple[int, int]:
@@ -924,6 +966,15 @@ def print_report(r: dict, out=print) -> None:
             f"at 0 s{', a worker is killed at %.0f s' % r['kill_at_s'] if r.get('kill_at_s') is not None else ''}): "
             + ", ".join(f"{t}: {late.get('worker', {}).get(t, 0)}/{late.get('client', {}).get(t, 0)}"
                         for t in seconds_late))
+    full = r.get("full_collections")
+    if full is not None:
+        # Each stops the whole dispatcher: every call in flight, and every poll due, waits that long.
+        out("  the dispatcher's full garbage collections in the window: "
+            + (", ".join(f"at {at:.1f} s, {ms:.0f} ms" for at, ms in full["in_window"]) or "none")
+            + f" ({full['since_start']} since it started)")
+    if r.get("cpu_by_second"):
+        out("  dispatcher CPU by second of the window (core): "
+            + " ".join(f"{c:.2f}" for c in r["cpu_by_second"]))
     real = r["real_read"]
     once = real["idle"]["exactly_once"] and real["loaded"]["exactly_once"]
     out(f"  real read of {REAL_READ_ELEMENTS}: idle {real['idle']['elements_per_s']:.0f}/s, beside the fleet "

@@ -55,13 +55,19 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
     assert sum(by_second["worker"].values()) == report["worker_heartbeat"]["late_over_100ms"]
     assert sum(by_second["client"].values()) == report["client_heartbeat"]["late_over_100ms"]
     assert all(0 <= int(t) < report["duration_s"] for kind in by_second.values() for t in kind), by_second
+    # The dispatcher's CPU in each second of the window, and its full collections there (times it).
+    assert len(report["cpu_by_second"]) == report["duration_s"]
+    assert all(0 <= c < 4 for c in report["cpu_by_second"]) and sum(report["cpu_by_second"]) > 0
+    full = report["full_collections"]
+    assert full["since_start"] >= len(full["in_window"])
+    assert all(0 <= at <= report["duration_s"] and ms >= 0 for at, ms in full["in_window"])
     real = report["real_read"]
     for read in (real["idle"], real["loaded"]):
         assert read["elements"] == 20_000 and read["exactly_once"] is True and read["elements_per_s"] > 0
     if "--worker-timeout-ms" in flags:
         # A real worker killed (-9) early in the window is declared lost within its timeout (plus the
-        # dispatcher's one-second liveness tick, and slack for a loaded machine), and the real read beside
-        # the fleet, which lost it, still delivered every element exactly once (checked above).
+        # dispatcher's one-second liveness tick, and slack for a loaded machine). The real read beside the
+        # fleet reads the real workers only (COLOCATED), and is over by then.
         assert report["kill_worker"] and report["failure_detection_s"] is not None, report.get("failure_detection_s")
         # (It can be under the timeout: the worker was last seen when its last poll began, up to half of it before.)
         assert 0 < report["failure_detection_s"] <= 2.0 + 1.0 + 3.0
