@@ -39,7 +39,7 @@ def test_full_collections_are_timed_and_young_ones_are_not():
     try:
         gc.collect(0)
         gc.collect(1)
-        assert watch.snapshot().count == 0
+        assert watch.snapshot().pauses.count == 0
         garbage = []
         for _ in range(2_000):
             a, b = [], []
@@ -50,13 +50,13 @@ def test_full_collections_are_timed_and_young_ones_are_not():
         gc.collect()  # a full collection: generation 2
         gc.collect(2)
         full = watch.snapshot()
-        assert full.count == 2
-        assert full.total_s > 0 and [at for at, _, _ in full.recent] == sorted(at for at, _, _ in full.recent)
+        assert full.pauses.count == 2
+        assert full.pauses.sum_s > 0 and [at for at, _, _ in full.recent] == sorted(at for at, _, _ in full.recent)
         assert full.recent[0][2] >= 4_000  # the first one collected the 2,000 cycles of two lists
-        assert full.buckets[-1] == (float("inf"), 2)
-        assert [bound for bound, _ in full.buckets[:-1]] == list(PAUSE_BOUNDS_S)
-        assert all(earlier <= later for (_, earlier), (_, later) in zip(full.buckets, full.buckets[1:]))
+        assert full.pauses.buckets[-1] == (float("inf"), 2)
+        assert [bound for bound, _ in full.pauses.buckets[:-1]] == list(PAUSE_BOUNDS_S)
+        assert all(earlier <= later for (_, earlier), (_, later) in zip(full.pauses.buckets, full.pauses.buckets[1:]))
     finally:
         watch.uninstall()
     gc.collect()
-    assert watch.snapshot().count == 2  # uninstalled: no longer timed
+    assert watch.snapshot().pauses.count == 2  # uninstalled: no longer timed

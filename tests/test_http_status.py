@@ -397,7 +397,7 @@ def test_the_dispatcher_shows_its_full_collections_on_metrics_and_status():
     with TestCluster(num_workers=1, http_port=0) as cluster:
         assert sorted(int(x) for x in Dataset.range(20).apply(distribute("distributed_epoch", cluster.target))) \
             == list(range(20))
-        before = collector_pauses.FULL_COLLECTIONS.snapshot().count
+        before = collector_pauses.FULL_COLLECTIONS.snapshot().pauses.count
         gc.collect()
         port = cluster.dispatcher.http_port
         samples = scrape(port)

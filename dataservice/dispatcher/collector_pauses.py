@@ -28,7 +28,7 @@ Example::
     >>> gc.get_threshold()
     (700, 10, 1000)
     >>> watch_full_collections()       # by DispatchServer.start; idempotent
-    >>> FULL_COLLECTIONS.snapshot().count
+    >>> FULL_COLLECTIONS.snapshot().pauses.count
     0
 """
 
@@ -39,6 +39,8 @@ import collections
 import dataclasses
 import gc
 import time
+
+from dataservice.service.latency_histogram import HistogramSnapshot, cumulative_snapshot
 
 __all__ = ["reduce_full_collections", "FULL_COLLECTION_EVERY", "watch_full_collections", "FULL_COLLECTIONS",
            "FullCollections", "FullCollectionsSnapshot", "PAUSE_BOUNDS_S"]
@@ -62,12 +64,11 @@ RECENT_KEPT = 16
 
 @dataclasses.dataclass(frozen=True)
 class FullCollectionsSnapshot:
-    """Full collections since the watch began: how many, their total and per-bucket pauses (cumulative, the
-    last bound +Inf), and the latest ``RECENT_KEPT`` as ``(unix time it ended, seconds, objects collected)``."""
+    """Full collections since the watch began: their pauses (``pauses.count``, ``pauses.sum_s`` and the
+    cumulative buckets, the last bound +Inf), and the latest ``RECENT_KEPT`` as ``(unix time it ended,
+    seconds, objects collected)``."""
 
-    count: int
-    total_s: float
-    buckets: tuple[tuple[float, int], ...]
+    pauses: HistogramSnapshot
     recent: tuple[tuple[float, float, int], ...]
 
 
@@ -112,11 +113,7 @@ class FullCollections:
 
     def snapshot(self) -> FullCollectionsSnapshot:
         counts, total, recent = list(self._counts), self._total_s, tuple(self._recent)
-        cumulative, running = [], 0
-        for bound, n in zip(PAUSE_BOUNDS_S + (float("inf"),), counts):
-            running += n
-            cumulative.append((bound, running))
-        return FullCollectionsSnapshot(running, total, tuple(cumulative), recent)
+        return FullCollectionsSnapshot(cumulative_snapshot(PAUSE_BOUNDS_S, counts, total), recent)
 
 
 #: This process's full collections (one collector per process, so one watch).

@@ -262,10 +262,10 @@ class DispatcherMetrics(Collector):
         yield groups
         full = FULL_COLLECTIONS.snapshot()
         yield CounterMetricFamily("dataservice_gc_full_collections",
-                                  "Full garbage collections of the dispatcher's process", value=full.count)
+                                  "Full garbage collections of the dispatcher's process", value=full.pauses.count)
         pauses = HistogramMetricFamily("dataservice_gc_full_collection_seconds",
                                        "How long each full garbage collection stopped the dispatcher's process")
-        pauses.add_metric([], [(_le(b), n) for b, n in full.buckets], sum_value=full.total_s)
+        pauses.add_metric([], [(_le(b), n) for b, n in full.pauses.buckets], sum_value=full.pauses.sum_s)
         yield pauses
 
 
@@ -275,7 +275,7 @@ def _le(bound: float) -> str:
 
 def _full_collections() -> dict:
     full = FULL_COLLECTIONS.snapshot()
-    return {"full_collections": full.count, "full_collection_s": round(full.total_s, 6),
+    return {"full_collections": full.pauses.count, "full_collection_s": round(full.pauses.sum_s, 6),
             "recent": [{"ended_unix": at, "ms": round(seconds * 1000, 3), "collected": collected}
                        for at, seconds, collected in full.recent]}
 

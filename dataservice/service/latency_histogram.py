@@ -17,7 +17,7 @@ import bisect
 import dataclasses
 import threading
 
-__all__ = ["LatencyHistogram", "HistogramSnapshot", "DEFAULT_BOUNDS_S"]
+__all__ = ["LatencyHistogram", "HistogramSnapshot", "DEFAULT_BOUNDS_S", "cumulative_snapshot"]
 
 #: Upper bounds (seconds) of the buckets: 50 us to 10 s, for fsyncs and RPCs alike.
 DEFAULT_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -53,8 +53,20 @@ class LatencyHistogram:
     def snapshot(self) -> HistogramSnapshot:
         with self._lock:
             counts, total = list(self._counts), self._sum
-        cumulative, running = [], 0
-        for bound, n in zip(self._bounds + (float("inf"),), counts):
-            running += n
-            cumulative.append((bound, running))
-        return HistogramSnapshot(tuple(cumulative), running, total)
+        return cumulative_snapshot(self._bounds, counts, total)
+
+
+def cumulative_snapshot(bounds: tuple[float, ...], counts: list[int], sum_s: float) -> HistogramSnapshot:
+    """The snapshot of per-bucket ``counts`` (one per bound, then one above every bound): cumulative, as
+    Prometheus wants them.
+
+    Example::
+
+        >>> cumulative_snapshot((0.1, 1.0), [2, 0, 1], 3.5).buckets
+        ((0.1, 2), (1.0, 2), (inf, 3))
+    """
+    cumulative, running = [], 0
+    for bound, n in zip(tuple(bounds) + (float("inf"),), counts):
+        running += n
+        cumulative.append((bound, running))
+    return HistogramSnapshot(tuple(cumulative), running, sum_s)
