@@ -27,7 +27,7 @@ from dataservice.dispatcher.core import DispatcherCore
 from dataservice.dispatcher.journaled_store import JournaledStore
 from dataservice.dispatcher.request_checks import check_request
 from dataservice.dispatcher.scaling import ScalingPolicy, ScalingState, recommend
-from dataservice.proto import dispatcher_pb2
+from dataservice.proto import dispatcher_pb2, state_pb2
 from dataservice.service.config import DispatcherConfig
 from dataservice.service.wire import encode_elements
 
@@ -274,6 +274,46 @@ def test_load_reports_window():
     assert reports.worker_load("w:2").busy_fraction == -1.0
     reports.forget_client(1)
     assert reports.client_stats() == []
+
+
+def test_worker_load_keeps_its_window_sums_exact_over_many_reports():
+    """A worker's busy fraction is kept as running sums (a status read takes 2,000 of them under the lock):
+    they must equal the window's samples summed afresh, as samples age out and as the 64 kept roll over."""
+    reports = LoadReports(window_s=10.0)
+    rng = np.random.default_rng(5)
+    now = 0.0
+    kept: list = []
+    for _ in range(3_000):
+        now += float(rng.choice([0.05, 0.5, 3.0]))  # bursts that overflow the 64 kept, and gaps that age out
+        interval, busy = float(rng.uniform(0.1, 5.0)), float(rng.uniform(0.0, 5.0))
+        reports.worker_reported("w:1", interval_s=interval, busy_s=busy, running_tasks=1, now=now)
+        kept = [(t, i, b) for t, i, b in kept + [(now, interval, busy)]]
+        while len(kept) > 1 and (len(kept) > 64 or now - kept[0][0] > 10.0):
+            kept.pop(0)
+        expected = min(1.0, sum(b for _, _, b in kept) / sum(i for _, i, _ in kept))
+        assert reports.worker_load("w:1").busy_fraction == pytest.approx(expected, rel=1e-9)
+
+
+def test_status_ranks_the_most_stalled_clients_first():
+    """GetStatus ranks readers after letting the lock go (heapq over every report): the most stalled first, ties
+    by client id, at most max_items of them."""
+    core = DispatcherCore(DispatcherConfig())
+    dataset = core.register_dataset(dispatcher_pb2.RegisterDatasetRequest(dataset_def=b"p")).dataset_id
+    job = core.get_or_create_job(dispatcher_pb2.GetOrCreateJobRequest(
+        dataset_id=dataset, job_name="j", processing_mode=state_pb2.PARALLEL_EPOCHS)).job_id
+    stalls = [0.1, 0.7, 0.3, 0.7, 0.0, 0.9]
+    ids = []
+    for stall in stalls:
+        it = core.get_or_create_iteration(dispatcher_pb2.GetOrCreateIterationRequest(job_id=job))
+        ids.append(it.client_id)
+        core.client_heartbeat(dispatcher_pb2.ClientHeartbeatRequest(
+            client_id=it.client_id, read_key=it.read_key,
+            stats=dispatcher_pb2.ReaderStatsReport(elements=1, bytes=8, stall_us=int(stall * 1e6),
+                                                   elapsed_us=1_000_000)))
+    status = core.get_status(dispatcher_pb2.GetStatusRequest(max_items=4))
+    expected = sorted(zip(stalls, ids), key=lambda p: (-p[0], p[1]))[:4]
+    assert [(round(c.stall_fraction, 6), c.client_id) for c in status.clients] == expected
+    assert [c.client_id for c in core.client_stats()] == sorted(ids)  # by client id, as documented
 
 
 def test_recommended_workers_rise_with_stalls_and_fall_when_idle(cluster, gate):

@@ -85,18 +85,30 @@ class WorkerRecommendation:
 
 
 class _Window:
-    """Recent (time, a, b) samples of cumulative or per-interval counters, at most ``window_s`` old."""
+    """Recent (time, a, b) samples of cumulative or per-interval counters, at most ``window_s`` old, and the
+    sums of their ``a`` and ``b``: a status read takes every worker's under the dispatcher's lock, and summing
+    each window there cost 6 ms at 2,000 workers."""
 
-    __slots__ = ("samples", "window_s")
+    __slots__ = ("samples", "window_s", "sum_a", "sum_b")
 
     def __init__(self, window_s: float) -> None:
-        self.samples: collections.deque = collections.deque(maxlen=_SAMPLES_KEPT)
+        self.samples: collections.deque = collections.deque()
         self.window_s = window_s
+        self.sum_a = self.sum_b = 0.0
 
     def add(self, now: float, a: float, b: float) -> None:
-        self.samples.append((now, a, b))
-        while len(self.samples) > 1 and now - self.samples[0][0] > self.window_s:
-            self.samples.popleft()
+        samples = self.samples
+        samples.append((now, a, b))
+        dropped = False
+        while len(samples) > 1 and (len(samples) > _SAMPLES_KEPT or now - samples[0][0] > self.window_s):
+            samples.popleft()
+            dropped = True
+        if dropped:  # summed again rather than subtracted: no rounding drifts in over months of heartbeats
+            self.sum_a = sum(sample[1] for sample in samples)
+            self.sum_b = sum(sample[2] for sample in samples)
+        else:
+            self.sum_a += a
+            self.sum_b += b
 
 
 @dataclasses.dataclass
@@ -150,12 +162,14 @@ class LoadReports:
         self._clients.pop(client_id, None)
 
     def client_stats(self) -> list[ClientStats]:
-        """Every current client's latest report, by client id."""
-        return [self._clients[c].stats for c in sorted(self._clients)]
+        """Every current client's latest report, in no particular order (sorting 10,000 of them is left to the
+        caller, outside the dispatcher's lock: each report is replaced by the next, never changed)."""
+        return [e.stats for e in self._clients.values()]
 
     def recent_clients(self, now: float) -> list[ClientStats]:
-        """The clients that reported within the window (a client whose consumer is gone stops counting)."""
-        return [e.stats for _, e in sorted(self._clients.items()) if now - e.seen <= self.window_s]
+        """The clients that reported within the window (a client whose consumer is gone stops counting), in no
+        particular order."""
+        return [e.stats for e in self._clients.values() if now - e.seen <= self.window_s]
 
     # --- workers --------------------------------------------------------------------------------
     def worker_reported(self, address: str, interval_s: float, busy_s: float, running_tasks: int,
@@ -176,8 +190,7 @@ class LoadReports:
         entry = self._workers.get(address)
         if entry is None:
             return WorkerLoad(address, -1.0, 0)
-        interval = sum(s[1] for s in entry.window.samples)
-        busy = sum(s[2] for s in entry.window.samples)
+        interval, busy = entry.window.sum_a, entry.window.sum_b
         return WorkerLoad(address, min(1.0, busy / interval) if interval > 0 else 0.0, entry.running_tasks)
 
 
