@@ -64,6 +64,12 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
     real = report["real_read"]
     for read in (real["idle"], real["loaded"]):
         assert read["elements"] == 20_000 and read["exactly_once"] is True and read["elements_per_s"] > 0
+    # The loaded read's process was started before the window, and waited for it to begin reading.
+    assert real["loaded"]["started_unix"] >= report["window_start_unix"] - 0.05
+    # The simulators' own pauses, per second of the window: their worst loop lag, and their full collections.
+    sim = report["simulator"]
+    assert all(0 <= int(t) <= report["duration_s"] and ms >= 0 for t, ms in sim["lag_by_second_ms"].items())
+    assert all(ms >= 0 for ms in sim["full_collections_ms"])
     if "--worker-timeout-ms" in flags:
         # A real worker killed (-9) early in the window is declared lost within its timeout (plus the
         # dispatcher's one-second liveness tick, and slack for a loaded machine). The real read beside the
@@ -125,3 +131,10 @@ def test_late_heartbeats_are_counted_per_second_of_the_window_and_summed_over_si
         shards.append({"late_by_second": recorder.late_by_second})
     assert _by_second(shards, "worker") == {1: 3, 3: 1}
     assert _by_second(shards, "client") == {4: 2}
+
+
+def test_simulator_loop_lag_is_the_worst_of_the_simulators_per_second():
+    from benchmarks.fleet import _lag_by_second
+
+    shards = [{"lag_by_second": {"0": 0.120, "3": 0.010}}, {"lag_by_second": {"0": 0.060, "5": 0.2}}, {}]
+    assert _lag_by_second(shards) == {0: pytest.approx(120.0), 3: pytest.approx(10.0), 5: pytest.approx(200.0)}
