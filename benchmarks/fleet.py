@@ -98,11 +98,13 @@ SIM_LAG_NOTED_MS = 50.0
 START_TIMEOUT_S = 120.0
 #: The real read's process starts this long before the window, and waits for it once imported.
 REAL_READ_LEAD_S = 5.0
-#: The real workers and reader run at a lower priority than the simulators (``nice``): the simulated fleet
-#: stands for thousands of hosts of their own, and a simulator kept off its CPU by the real read leaves the
-#: dispatcher's answers unread (its loop lagged 84-276 ms in the read's second), which would count against the
-#: dispatcher. The real read gets the CPU the simulators leave.
-_GUEST = ["nice", "-n", "10"] if shutil.which("nice") else []
+#: The real workers and reader run at a lower priority than the simulators: the simulated fleet stands for
+#: thousands of hosts of their own, and a simulator kept off its CPU by the real read leaves the dispatcher's
+#: answers unread (its loop lagged 84-276 ms in the read's second), which would count against the dispatcher.
+#: The real read gets the CPU the simulators leave. Each child has a session of its own, and where Linux
+#: groups the scheduling by session (``sched_autogroup``) a process's nice value counts only inside its
+#: session: the session's own (``/proc/<pid>/autogroup``) is lowered as well.
+GUEST_NICE = 10
 _LISTENING = r"dispatcher listening on grpc://[^:\s]+:(\d+)"
 _HTTP = r"dispatcher serves /metrics.* on http://[^:\s]+:(\d+)/"
 
@@ -116,11 +118,20 @@ class FleetError(RuntimeError):
 class _Child:
     """A subprocess in a session of its own (so its whole group is killed), output in a log file."""
 
-    def __init__(self, args: Sequence[str], env: dict, cwd: str, log_path: Path, name: str):
+    def __init__(self, args: Sequence[str], env: dict, cwd: str, log_path: Path, name: str, guest: bool = False):
+        """``guest``: at GUEST_NICE, below the simulators."""
         self.name, self.log_path, self.args = name, log_path, list(args)
         self._log = open(log_path, "wb")
+        if guest and shutil.which("nice"):
+            self.args = ["nice", "-n", str(GUEST_NICE), *self.args]
         self.popen = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                       env=env, cwd=cwd, start_new_session=True)
+        if guest:
+            try:  # the new session's scheduling group (it exists once Popen returns: setsid ran before exec)
+                with open(f"/proc/{self.popen.pid}/autogroup", "w") as f:
+                    f.write(str(GUEST_NICE))
+            except OSError:
+                pass  # no autogroups here (or not Linux): the process's nice value is what counts
 
     @property
     def pid(self) -> int:
@@ -248,8 +259,8 @@ else:
 
 
 def _run_helper(args: list, env: dict, src: str, log_dir: Path, name: str, timeout_s: float) -> Any:
-    child = _Child([*_GUEST, sys.executable, "-c", _HELPER, *map(str, args)], env, src, log_dir / f"{name}.log",
-                   name)
+    child = _Child([sys.executable, "-c", _HELPER, *map(str, args)], env, src, log_dir / f"{name}.log", name,
+                   guest=True)
     try:
         child.wait(timeout_s)
         match = re.search(r"^RESULT (.*)$", child.output(), re.M)
@@ -709,9 +720,9 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         for w in range(REAL_WORKERS):
             # COLOCATED: the real reader, on this host, reads these two only (target_workers AUTO), not the
             # simulated workers, which have a task of its job each but serve nothing (see REAL_WORKER_TAGS).
-            child = _Child([*_GUEST, sys.executable, "-m", "dataservice", "worker", "--dispatcher", f"localhost:{port}",
+            child = _Child([sys.executable, "-m", "dataservice", "worker", "--dispatcher", f"localhost:{port}",
                             "--port", "0", "--log-level", "WARNING", "--worker-tags", REAL_WORKER_TAGS],
-                           env, src, work / f"worker{w}.log", f"worker{w}")
+                           env, src, work / f"worker{w}.log", f"worker{w}", guest=True)
             children.append(child)
         worker_addresses = [child.wait_for(r"worker listening on (\S+)", START_TIMEOUT_S).group(1)
                             for child in children[1:]]

@@ -138,3 +138,29 @@ def test_simulator_loop_lag_is_the_worst_of_the_simulators_per_second():
 
     shards = [{"lag_by_second": {"0": 0.120, "3": 0.010}}, {"lag_by_second": {"0": 0.060, "5": 0.2}}, {}]
     assert _lag_by_second(shards) == {0: pytest.approx(120.0), 3: pytest.approx(10.0), 5: pytest.approx(200.0)}
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/autogroup") or __import__("shutil").which("nice") is None,
+                    reason="needs Linux's scheduling autogroups and nice(1)")
+def test_guests_run_below_the_simulators_in_their_own_session_too(tmp_path):
+    """The real workers and reader are guests: nice 10, and so is their session's scheduling group (a nice value
+    alone counts only inside its session where Linux groups the scheduling by session)."""
+    from benchmarks.fleet import GUEST_NICE, _Child
+
+    guest = _Child([sys.executable, "-c", "import time; time.sleep(30)"], None, str(tmp_path), tmp_path / "g.log",
+                   "guest", guest=True)
+    host = _Child([sys.executable, "-c", "import time; time.sleep(30)"], None, str(tmp_path), tmp_path / "h.log", "host")
+    try:
+        def nice(pid: int) -> int:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[16])
+
+        def group_nice(pid: int) -> int:
+            with open(f"/proc/{pid}/autogroup") as f:
+                return int(f.read().split("nice")[1])
+
+        assert (nice(guest.pid), group_nice(guest.pid)) == (GUEST_NICE, GUEST_NICE)
+        assert group_nice(host.pid) == 0
+    finally:
+        guest.stop()
+        host.stop()
