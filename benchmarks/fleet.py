@@ -58,10 +58,10 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
-import shutil
 import sys
 import tempfile
 import threading
@@ -652,8 +652,7 @@ def _sim_main(spec_path: str, out_path: str) -> int:
     # came meanwhile looked that much slower. The dispatcher's own setting, and its pauses reported.
     reduce_full_collections()
     FULL_COLLECTIONS.install()
-    sim = _Sim(spec)
-    result = asyncio.run(sim.run())
+    result = asyncio.run(_Sim(spec).run())
     start, end = spec["t0_unix"] + spec["warmup_s"], spec["t0_unix"] + spec["warmup_s"] + spec["duration_s"]
     result["full_collections_ms"] = [1000 * seconds for ended, seconds, _ in FULL_COLLECTIONS.snapshot().recent
                                      if start <= ended <= end]

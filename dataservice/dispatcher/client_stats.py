@@ -86,8 +86,8 @@ class WorkerRecommendation:
 
 class _Window:
     """Recent (time, a, b) samples of cumulative or per-interval counters, at most ``window_s`` old, and the
-    sums of their ``a`` and ``b``: a status read takes every worker's under the dispatcher's lock, and summing
-    each window there cost 6 ms at 2,000 workers."""
+    sums of their ``a`` and ``b``: a status read takes every worker's busy fraction under the dispatcher's
+    lock, 2,000 of them in a large fleet, so each is read without summing its samples."""
 
     __slots__ = ("samples", "window_s", "sum_a", "sum_b")
 
