@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -159,6 +160,10 @@ def test_guests_run_below_the_simulators_in_their_own_session_too(tmp_path):
             with open(f"/proc/{pid}/autogroup") as f:
                 return int(f.read().split("nice")[1])
 
+        # nice(1) sets the value, then runs the command: poll until it has (or the deadline passes).
+        deadline = time.monotonic() + 10
+        while nice(guest.pid) != GUEST_NICE and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert (nice(guest.pid), group_nice(guest.pid)) == (GUEST_NICE, GUEST_NICE)
         assert group_nice(host.pid) == 0
     finally:
