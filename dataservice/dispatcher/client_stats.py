@@ -85,30 +85,30 @@ class WorkerRecommendation:
 
 
 class _Window:
-    """Recent (time, a, b) samples of cumulative or per-interval counters, at most ``window_s`` old, and the
-    sums of their ``a`` and ``b``: a status read takes every worker's busy fraction under the dispatcher's
-    lock, 2,000 of them in a large fleet, so each is read without summing its samples."""
+    """Recent (time, a, b) samples of cumulative or per-interval counters, at most ``window_s`` old.
 
-    __slots__ = ("samples", "window_s", "sum_a", "sum_b")
+    ``sums()`` is kept until the next sample: a status read takes every worker's busy fraction under the
+    dispatcher's lock, 2,000 of them in a large fleet, and most have not changed since the last read.
+    Computed when read, not on each heartbeat: readers' windows are never summed."""
+
+    __slots__ = ("samples", "window_s", "_sums")
 
     def __init__(self, window_s: float) -> None:
-        self.samples: collections.deque = collections.deque()
+        self.samples: collections.deque = collections.deque(maxlen=_SAMPLES_KEPT)
         self.window_s = window_s
-        self.sum_a = self.sum_b = 0.0
+        self._sums: tuple[float, float] | None = None
 
     def add(self, now: float, a: float, b: float) -> None:
-        samples = self.samples
-        samples.append((now, a, b))
-        dropped = False
-        while len(samples) > 1 and (len(samples) > _SAMPLES_KEPT or now - samples[0][0] > self.window_s):
-            samples.popleft()
-            dropped = True
-        if dropped:  # summed again rather than subtracted: no rounding drifts in over months of heartbeats
-            self.sum_a = sum(sample[1] for sample in samples)
-            self.sum_b = sum(sample[2] for sample in samples)
-        else:
-            self.sum_a += a
-            self.sum_b += b
+        self.samples.append((now, a, b))
+        while len(self.samples) > 1 and now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+        self._sums = None
+
+    def sums(self) -> tuple[float, float]:
+        """The sums of the samples' ``a`` and of their ``b``."""
+        if self._sums is None:
+            self._sums = (sum(s[1] for s in self.samples), sum(s[2] for s in self.samples))
+        return self._sums
 
 
 @dataclasses.dataclass
@@ -190,7 +190,7 @@ class LoadReports:
         entry = self._workers.get(address)
         if entry is None:
             return WorkerLoad(address, -1.0, 0)
-        interval, busy = entry.window.sum_a, entry.window.sum_b
+        interval, busy = entry.window.sums()
         return WorkerLoad(address, min(1.0, busy / interval) if interval > 0 else 0.0, entry.running_tasks)
 
 

@@ -1646,12 +1646,15 @@ class DispatcherCore:
             reports = self._client_reports()
         return sorted(reports, key=lambda c: c.client_id)
 
-    def _client_reports(self) -> list[ClientStats]:
+    def _client_reports(self, recent_at: Optional[float] = None) -> list[ClientStats]:
         """Under the lock, in no particular order: callers sort after letting it go (sorting 10,000 readers'
-        reports there would hold every other call)."""
+        reports there would hold every other call). ``recent_at``: only those reported within the signal's
+        window before that time (``LoadReports.recent_clients``)."""
+        reports = self.load_reports.client_stats() if recent_at is None else \
+            self.load_reports.recent_clients(recent_at)
         # Only clients the state still holds (a journal rollback may undo a join the report outlived).
         clients = self.state.clients
-        return [c for c in self.load_reports.client_stats() if c.client_id in clients]
+        return [c for c in reports if c.client_id in clients]
 
     def recommended_workers(self) -> WorkerRecommendation:
         """How many workers the cluster should have, from the clients' recent stall and the live workers'
@@ -1668,9 +1671,7 @@ class DispatcherCore:
             loads = [self.load_reports.worker_load(a).busy_fraction for a in live]
             reported = [f for f in loads if f >= 0]
             busy = sum(reported) / len(reported) if reported else None
-            held = self.state.clients
-            clients = [c for c in self.load_reports.recent_clients(now) if c.client_id in held]
-            stall = max((c.recent_stall_fraction for c in clients), default=None)
+            stall = max((c.recent_stall_fraction for c in self._client_reports(recent_at=now)), default=None)
             before = self._scaling_state.changed_to
             recommendation, self._scaling_state = scaling.recommend(len(live), stall, busy, now, self._scaling_state,
                                                                     self.scaling_policy)
