@@ -277,7 +277,7 @@ def test_load_reports_window():
 
 
 def test_worker_load_keeps_its_window_sums_exact_over_many_reports():
-    """A worker's busy fraction is kept as running sums (a status read takes 2,000 of them under the lock):
+    """A worker's busy window keeps its sums between samples (a status read takes 2,000 under the lock):
     they must equal the window's samples summed afresh, as samples age out and as the 64 kept roll over."""
     reports = LoadReports(window_s=10.0)
     rng = np.random.default_rng(5)
