@@ -291,6 +291,9 @@ class _Recorder:
         self.client_gaps: list = []       # time between two heartbeats of one reader starting
         self.lost: dict[str, int] = {"readers": 0}  # readers told they are unknown (released as silent)
         self.rejoined = 0  # readers that released their read and joined again (--rejoin-per-s)
+        # When simulated workers heard of a task of the real read's job (its first in the window), seconds from
+        # the window's start: how long the dispatcher's paced fan-out takes to reach the fleet.
+        self.new_job_heard: list = []
         # WorkerHeartbeats sent inside the window by kind (full list, delta), and answers asking a resync.
         self.task_lists: dict[str, int] = {"full": 0, "delta": 0, "resync_asked": 0}
         # Started before the window opened (registered / joined their job), and never started at all.
@@ -444,6 +447,8 @@ class _Sim:
             for task in response.new_tasks:
                 if task.task_id not in tasks:
                     tasks[task.task_id] = task
+                    if task.dataset_id not in self.spec["dataset_ids"] and self.rec.inside(answered):
+                        self.rec.new_job_heard.append(answered - self.rec.window[0])
                     # The fleet's own jobs only: a split of the real read leased here would never be served.
                     if task.processing_mode == self.state_pb2.DISTRIBUTED_EPOCH \
                             and task.dataset_id in self.spec["dataset_ids"]:
@@ -639,7 +644,7 @@ class _Sim:
                 "late_by_second": r.late_by_second, "early_answers": r.early_answers, "worker_gaps": r.worker_gaps,
                 "client_gaps": r.client_gaps,
                 "lost": r.lost, "ready": r.ready, "task_lists": r.task_lists, "loop_lag": self.loop_lag,
-                "lag_by_second": self.lag_by_second, "rejoined": r.rejoined,
+                "lag_by_second": self.lag_by_second, "rejoined": r.rejoined, "new_job_heard": r.new_job_heard,
                 "cpu_s": (cpu_window[1] - cpu_window[0]) if len(cpu_window) == 2 else None,
                 "cpu_total_s": time.process_time() - cpu0}
 
@@ -893,6 +898,13 @@ def _by_second(shards: list, kind: str) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+def _new_job_heard(shards: list) -> dict:
+    """How many simulated workers heard of the real read's job in the window, and when half of them and
+    the last one had (seconds after the window's start; the job is made at about 0.1 s)."""
+    heard = sorted(t for s in shards for t in s.get("new_job_heard", ()))
+    return {"workers": len(heard), "half_s": _pct(heard, 0.5), "last_s": heard[-1] if heard else None}
+
+
 def _summarize(shards: list, seconds: float, cpu0, cpu1, io0: dict, io1: dict, fsyncs: tuple, status,
                dispatcher_log: str, client_interval_s: float, worker_interval_ms: int) -> dict:
     """The report of one run. ``fsyncs``: the journal's fsync counter at two reads and the seconds between
@@ -947,6 +959,7 @@ def _summarize(shards: list, seconds: float, cpu0, cpu1, io0: dict, io1: dict, f
         "ready": {k: sum(s["ready"][k] for s in shards) for k in shards[0]["ready"]},
         "late_by_second": {kind: _by_second(shards, kind) for kind in ("worker", "client")},
         "rejoined": sum(s.get("rejoined", 0) for s in shards),
+        "new_job_heard": _new_job_heard(shards),
         "worker_task_lists": {k: sum(s["task_lists"][k] for s in shards) for k in shards[0]["task_lists"]},
         "lost": {"workers_declared_lost": lost_workers, "clients_released": lost_clients,
                  "readers_unknown": sum(s["lost"]["readers"] for s in shards), "status_counts": counts},
@@ -1032,6 +1045,10 @@ def print_report(r: dict, out=print) -> None:
             f"at 0 s{', a worker is killed at %.0f s' % r['kill_at_s'] if r.get('kill_at_s') is not None else ''}): "
             + ", ".join(f"{t}: {late.get('worker', {}).get(t, 0)}/{late.get('client', {}).get(t, 0)}"
                         for t in seconds_late))
+    heard = r.get("new_job_heard")
+    if heard and heard["workers"]:
+        out(f"  the real read's job reached {heard['workers']} simulated workers: half by {heard['half_s']:.1f} s, "
+            f"the last at {heard['last_s']:.1f} s")
     full = r.get("full_collections")
     if full is not None:
         # Each stops the whole dispatcher: every call in flight, and every poll due, waits that long.
