@@ -24,7 +24,8 @@ Measured over ``--duration-s`` after ``--warmup-s``: the dispatcher's CPU (fract
 lateness (a worker heartbeat answered without news: answer time minus the wait it asked; a client
 heartbeat: its latency), heartbeats later than their interval, CPU per answered call, journal fsyncs/s
 (``--fault-tolerant``: the dispatcher's /status.json journal counter, read before the real read starts and
-after the window, so that no status read lands in the window's first second), and workers and readers lost.
+after the window, so that no status read lands in the window's first second), workers and readers lost, and
+how many simulated workers heard of the real read's job before it ended, and when.
 ``--dispatcher-src DIR`` runs the dispatcher, the real workers and the real reader from another source
 tree (an older commit), so the same simulator measures before and after. ``--table`` runs
 N in {100, 500, 2000} x M in {1000, 10000} and fits how each cost grows in N and in M.
