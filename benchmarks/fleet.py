@@ -292,8 +292,8 @@ class _Recorder:
         self.client_gaps: list = []       # time between two heartbeats of one reader starting
         self.lost: dict[str, int] = {"readers": 0}  # readers told they are unknown (released as silent)
         self.rejoined = 0  # readers that released their read and joined again (--rejoin-per-s)
-        # When simulated workers heard of a task of the real read's job (its first in the window), seconds from
-        # the window's start: how long the dispatcher's paced fan-out takes to reach the fleet.
+        # When simulated workers heard of a task of the real read's job, seconds from the window's start: how far
+        # the dispatcher's paced fan-out got before the read ended (a worker not told by then is never told).
         self.new_job_heard: list = []
         # WorkerHeartbeats sent inside the window by kind (full list, delta), and answers asking a resync.
         self.task_lists: dict[str, int] = {"full": 0, "delta": 0, "resync_asked": 0}
@@ -776,7 +776,7 @@ def run_once(args: argparse.Namespace, workers: int, readers: int, log=print) ->
         # The journal's counter is read now, not at the window's start: a /status.json walks every worker, task
         # and reader (at 2,000 x 10,000: 6-13 ms in-process on an idle machine; GetStatus, much the same work,
         # takes 25-36 ms beside the fleet), on the dispatcher's GIL, in the same tenth of a second as the real
-        # read's new job (60 ms). It came in fault-tolerant runs only, where their second 0 had its bursts.
+        # read's new job (60 ms). It came in fault-tolerant runs only.
         fsyncs0 = _journal_fsyncs(_status_json(http_port)) if args.fault_tolerant else None
         fsyncs_since = time.monotonic()
         reader.start()

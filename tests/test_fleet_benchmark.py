@@ -67,9 +67,10 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
         assert read["elements"] == 20_000 and read["exactly_once"] is True and read["elements_per_s"] > 0
     # The loaded read's process was started before the window, and waited for it to begin reading.
     assert real["loaded"]["started_unix"] >= report["window_start_unix"] - 0.05
-    # Every simulated worker heard of the real read's job (made at the window's start), and when.
+    # Simulated workers heard of the real read's job (made at the window's start), and when. Not necessarily
+    # all: one between two polls when the read ends (it takes a fraction of a second) is never told.
     heard = report["new_job_heard"]
-    assert heard["workers"] == 20 and 0 <= heard["half_s"] <= heard["last_s"] <= report["duration_s"], heard
+    assert 0 < heard["workers"] <= 20 and 0 <= heard["half_s"] <= heard["last_s"] <= report["duration_s"], heard
     # The simulators' own pauses, per second of the window: their worst loop lag, and their full collections.
     sim = report["simulator"]
     assert all(0 <= int(t) <= report["duration_s"] and ms >= 0 for t, ms in sim["lag_by_second_ms"].items())
