@@ -57,6 +57,7 @@ import asyncio
 import collections
 import json
 import math
+import operator
 import os
 import random
 import re
@@ -71,7 +72,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from benchmarks.cluster_processes import REPO, process_cpu_s
 
@@ -881,22 +882,26 @@ def _declared_lost(dispatcher_log: str) -> tuple[int, int]:
     return len(workers), len(clients)
 
 
+def _per_second(tables: Iterable[dict], combine: Callable) -> dict[int, Any]:
+    """The shards' tables by second of the window (JSON keys: strings) merged into one, each second's values
+    put together with ``combine``."""
+    out: dict[int, Any] = {}
+    for table in tables:
+        for second, value in table.items():
+            second = int(second)
+            out[second] = combine(out[second], value) if second in out else value
+    return dict(sorted(out.items()))
+
+
 def _lag_by_second(shards: list) -> dict[int, float]:
     """The simulators' worst loop lag in each second of the window (ms), over the shards."""
-    out: dict[int, float] = {}
-    for shard in shards:
-        for second, lag in shard.get("lag_by_second", {}).items():
-            out[int(second)] = max(out.get(int(second), 0.0), 1000 * lag)
-    return dict(sorted(out.items()))
+    worst = _per_second((shard.get("lag_by_second", {}) for shard in shards), max)
+    return {second: 1000 * lag for second, lag in worst.items()}
 
 
 def _by_second(shards: list, kind: str) -> dict[int, int]:
     """Heartbeats of ``kind`` late by over LATE_S, per second of the window, summed over the shards."""
-    out: dict[int, int] = {}
-    for shard in shards:
-        for second, count in shard.get("late_by_second", {}).get(kind, {}).items():
-            out[int(second)] = out.get(int(second), 0) + count
-    return dict(sorted(out.items()))
+    return _per_second((shard.get("late_by_second", {}).get(kind, {}) for shard in shards), operator.add)
 
 
 def _new_job_heard(shards: list) -> dict:

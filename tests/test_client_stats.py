@@ -287,7 +287,7 @@ def test_worker_load_keeps_its_window_sums_exact_over_many_reports():
         now += float(rng.choice([0.05, 0.5, 3.0]))  # bursts that overflow the 64 kept, and gaps that age out
         interval, busy = float(rng.uniform(0.1, 5.0)), float(rng.uniform(0.0, 5.0))
         reports.worker_reported("w:1", interval_s=interval, busy_s=busy, running_tasks=1, now=now)
-        kept = [(t, i, b) for t, i, b in kept + [(now, interval, busy)]]
+        kept.append((now, interval, busy))
         while len(kept) > 1 and (len(kept) > 64 or now - kept[0][0] > 10.0):
             kept.pop(0)
         expected = min(1.0, sum(b for _, _, b in kept) / sum(i for _, i, _ in kept))

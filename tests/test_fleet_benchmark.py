@@ -5,6 +5,8 @@ exactly-once check of the real read, and failure detection of a real worker kill
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -96,10 +98,8 @@ def test_small_fleet_reports_every_cost_and_the_real_read_is_exactly_once(tmp_pa
         assert not pid_alive(pid), pid
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="--pin needs 2 CPUs")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs 2 CPUs")
 def test_pin_puts_every_thread_of_the_dispatcher_on_one_cpu_and_the_rest_on_the_others():
-    import os
-
     from benchmarks import fleet
 
     # A stand-in dispatcher with a few threads (the real one's are pinned the same way, by /proc).
@@ -145,7 +145,7 @@ def test_simulator_loop_lag_is_the_worst_of_the_simulators_per_second():
     assert _lag_by_second(shards) == {0: pytest.approx(120.0), 3: pytest.approx(10.0), 5: pytest.approx(200.0)}
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/autogroup") or __import__("shutil").which("nice") is None,
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup") or shutil.which("nice") is None,
                     reason="needs Linux's scheduling autogroups and nice(1)")
 def test_guests_run_below_the_simulators_in_their_own_session_too(tmp_path):
     """The real workers and reader are guests: nice 10, and so is their session's scheduling group (a nice value
