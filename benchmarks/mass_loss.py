@@ -50,6 +50,9 @@ def measure(workers: int, lost_share: float, jobs: int = 2) -> dict:
         job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(
             dataset_id=dataset_id, processing_mode=state_pb2.DISTRIBUTED_EPOCH)).job_id
         it = core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id))
+        for address in addresses:  # past the first few, a worker's task is made by its next poll
+            core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=address),
+                                  may_wait=False)
         for task_id in core.state.iterations[it.iteration_id].tasks:
             core.get_split(pb.GetSplitRequest(iteration_id=it.iteration_id, task_id=task_id, request_id=1,
                                               max_splits=8), may_wait=False)

@@ -182,24 +182,35 @@ def test_a_targeted_wake_is_not_queued_behind_a_fan_out_being_paced():
     assert len(woken) == 20 * WAKE_BATCH + 1
 
 
+def _core_with_workers(count: int, mode: int):
+    """A core with ``count`` workers registered (full task lists, as an old worker sends) and a job in ``mode``."""
+    from dataservice.data.serialization import serialize_dataset
+    from dataservice.dispatcher.core import DispatcherCore
+    from dataservice.service.config import DispatcherConfig
+
+    core = DispatcherCore(DispatcherConfig())
+    workers = [f"10.0.0.{i}:5051" for i in range(count)]
+    for i, address in enumerate(workers):
+        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=f"w{i}"))
+    dataset_id = core.register_dataset(pb.RegisterDatasetRequest(
+        dataset_def=serialize_dataset(Dataset.range(1000)), num_splits=4)).dataset_id
+    job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(dataset_id=dataset_id, processing_mode=mode)).job_id
+    return core, workers, job_id
+
+
+def _tasks_by_worker(core) -> dict:
+    return {t.worker_address: t.task_id for t in core.state.tasks.values()}
+
+
 def test_a_new_iterations_tasks_for_many_workers_are_news_woken_as_one_paced_fan_out():
     # The tasks of a new iteration are committed one per worker: notified a commit at a time, each notify
     # would wake its one worker at once, and 2,000 workers would all be answered in one burst.
     import asyncio
 
-    from dataservice.data.serialization import serialize_dataset
-    from dataservice.dispatcher.core import DispatcherCore
+    from dataservice.dispatcher.core import EAGER_TASK_WORKERS
     from dataservice.dispatcher.long_polls import WAKE_BATCH
-    from dataservice.service.config import DispatcherConfig
 
-    core = DispatcherCore(DispatcherConfig())
-    workers = [f"10.0.0.{i}:5051" for i in range(2 * WAKE_BATCH + 3)]
-    for i, address in enumerate(workers):
-        core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=f"w{i}"))
-    dataset_id = core.register_dataset(pb.RegisterDatasetRequest(
-        dataset_def=serialize_dataset(Dataset.range(1000)), num_splits=4)).dataset_id
-    job_id = core.get_or_create_job(pb.GetOrCreateJobRequest(
-        dataset_id=dataset_id, processing_mode=state_pb2.DISTRIBUTED_EPOCH)).job_id
+    core, workers, job_id = _core_with_workers(2 * WAKE_BATCH + 3, state_pb2.DISTRIBUTED_EPOCH)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -217,5 +228,51 @@ def test_a_new_iterations_tasks_for_many_workers_are_news_woken_as_one_paced_fan
         assert await asyncio.wait_for(asyncio.gather(*polls), 10) == [True] * len(workers)  # all had news
 
     asyncio.run(main())
-    assert len(core.state.tasks) == len(workers)
     assert core.wakeups.fan_outs == 1 and core.wakeups.wake_turns == 3  # 67 waiters: 32, 32 and 3
+    # distributed_epoch: the first workers' tasks are made at once, the others' by the pass that answers
+    # each woken poll (any task serves the one split stream).
+    assert sorted(_tasks_by_worker(core)) == sorted(workers[:EAGER_TASK_WORKERS])
+    for i, address in enumerate(workers):
+        response = core.worker_heartbeat_again(pb.WorkerHeartbeatRequest(worker_address=address, worker_uid=f"w{i}"))
+        assert [t.worker_address for t in response.new_tasks] == [address]
+    assert sorted(_tasks_by_worker(core)) == sorted(workers)
+    assert {t.iteration_id for t in core.state.tasks.values()} == {next(iter(core.state.iterations))}
+
+
+def test_a_fleets_deferred_tasks_are_made_by_each_workers_next_heartbeat_and_not_once_the_reader_left():
+    # A worker whose poll was not waiting (between two polls) gets its task from its next heartbeat, full
+    # list or delta; one first heard from after the iteration lost its reader gets none, and has none to drop.
+    from dataservice.dispatcher.core import EAGER_TASK_WORKERS
+
+    core, workers, job_id = _core_with_workers(EAGER_TASK_WORKERS + 3, state_pb2.DISTRIBUTED_EPOCH)
+    late = workers[EAGER_TASK_WORKERS:]
+    # One of the late workers speaks deltas (and had a view built, settled, before the read began).
+    delta_worker = late[0]
+    uid = f"w{EAGER_TASK_WORKERS}"
+    core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=delta_worker, worker_uid=uid, heartbeat_seq=1),
+                          may_wait=False)
+    core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=delta_worker, worker_uid=uid, heartbeat_seq=2,
+                                                    tasks_delta=True, base_seq=1), may_wait=False)
+    assert core._task_views.is_settled(delta_worker)  # its deltas skip the walk over its tasks, until owed one
+    it = core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id, repetition=0))
+    assert not set(late) & set(_tasks_by_worker(core))
+    response = core.worker_heartbeat(pb.WorkerHeartbeatRequest(
+        worker_address=delta_worker, worker_uid=uid, heartbeat_seq=3, tasks_delta=True, base_seq=2), may_wait=False)
+    assert [t.iteration_id for t in response.new_tasks] == [it.iteration_id]
+    response = core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=late[1],
+                                                               worker_uid=f"w{EAGER_TASK_WORKERS + 1}"), may_wait=False)
+    assert [t.iteration_id for t in response.new_tasks] == [it.iteration_id]
+    # The reader leaves: the iteration is unread, and the last late worker hears of no task in it.
+    core.release_iteration_client(pb.ReleaseIterationClientRequest(client_id=it.client_id, read_key=it.read_key))
+    response = core.worker_heartbeat(pb.WorkerHeartbeatRequest(worker_address=late[2],
+                                                               worker_uid=f"w{EAGER_TASK_WORKERS + 2}"), may_wait=False)
+    assert not response.new_tasks and late[2] not in _tasks_by_worker(core)
+
+
+def test_a_new_parallel_epochs_iteration_has_every_workers_task_made_at_once():
+    # Each worker's task is a stream of its own there: how many exist as the read starts decides its elements.
+    from dataservice.dispatcher.core import EAGER_TASK_WORKERS
+
+    core, workers, job_id = _core_with_workers(EAGER_TASK_WORKERS + 5, state_pb2.PARALLEL_EPOCHS)
+    core.get_or_create_iteration(pb.GetOrCreateIterationRequest(job_id=job_id, repetition=0))
+    assert sorted(_tasks_by_worker(core)) == sorted(workers)
