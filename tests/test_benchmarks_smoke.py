@@ -133,3 +133,18 @@ def test_mass_loss_revokes_every_lost_task_and_prints_how_long_the_lock_was_held
     line = re.match(r"^300 workers, 150 lost at once: 300 of 600 tasks revoked, ([\d,]+) splits leased; the pass "
                     r"held the lock ([\d,]+) ms \(best of 1\)$", result.stdout.strip())
     assert line and int(line.group(1).replace(",", "")) == 600 * 2, result.stdout  # 2 splits an answer at 300
+
+
+def test_new_job_fan_out_makes_the_first_workers_tasks_at_once_and_the_rest_in_the_woken_polls_passes():
+    from dataservice.dispatcher.core import EAGER_TASK_WORKERS
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.new_job_fan_out", "--workers", "100", "--repeats", "1"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    line = re.match(r"^100 workers, fault-tolerant: GetOrCreateIteration [\d.]+ ms \((\d+) tasks made\); the woken "
+                    r"polls' passes [\d.]+ ms per batch of 32 at p50, [\d.]+ ms the slowest; (\d+) tasks in all "
+                    r"\(best of 1\)$", result.stdout.strip())
+    assert line, result.stdout
+    assert (int(line.group(1)), int(line.group(2))) == (EAGER_TASK_WORKERS, 100)

@@ -254,8 +254,9 @@ class DispatcherCore:
     @contextlib.contextmanager
     def _one_fan_out(self):
         """Under the lock: the long polls that the commits inside concern are woken as one notification when
-        it ends, so that news for thousands of workers at once (a new job's tasks, one commit each) is
-        paced by ``Wakeups`` as one fan-out, not woken a commit at a time."""
+        it ends, so that news for thousands of workers at once (a new job: ``_fan_out_tasks``) is paced by
+        ``Wakeups`` as one fan-out, not woken a commit at a time. Keys may be added to ``_deferred_wakes`` inside
+        it without a commit: polls to wake so that the pass answering them makes their news."""
         if self._deferred_wakes is not None:  # nested: the outer one notifies
             yield
             return

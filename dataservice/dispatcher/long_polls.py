@@ -15,7 +15,8 @@ lost, because the generation moved on. Waking one key wakes only that key's wait
 commit on one iteration does not wake two thousand idle workers' heartbeats.
 
 Some changes do concern thousands of waiters at once: a new job is news to every worker (the core
-notifies its tasks' workers as one fan-out, ``DispatcherCore._one_fan_out``). Such a fan-out is woken
+notifies its workers as one fan-out, ``DispatcherCore._fan_out_tasks``; past the first ``WAKE_BATCH``, a
+distributed_epoch task is made by the pass that answers its worker's woken poll). Such a fan-out is woken
 ``WAKE_BATCH`` waiters at a time, ``WAKE_SPACING_S`` apart: each woken poll's pass takes about 0.4 ms,
 and its worker then asks for a split, so two thousand woken together held every other call, and every
 poll whose time was up, for most of a second (and their next polls, sent in that burst, waited in

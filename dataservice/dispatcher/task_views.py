@@ -16,8 +16,9 @@ looking at the dirty tasks and the delta's own added and removed ones only.
 walked, each with the iterations it may owe a task in since. With none owed, ``DispatcherCore._assign_tasks``
 would do nothing for it, so a delta heartbeat skips that walk over the worker's tasks. An iteration nobody
 read getting a reader is owed by every settled worker until a task of it is created for the worker (which
-``get_or_create_iteration`` does at once, in the usual case); a task of the worker revoked or finished, or
-a static worker bound, unsettles it.
+``get_or_create_iteration`` does at once on a small cluster; on a fleet, past its first workers, the pass
+that answers each worker's woken poll does, in distributed_epoch); a task of the worker revoked or finished,
+or a static worker bound, unsettles it.
 
 Example::
 
