@@ -144,7 +144,7 @@ def test_new_job_fan_out_makes_the_first_workers_tasks_at_once_and_the_rest_in_t
                             capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     line = re.match(r"^100 workers, fault-tolerant: GetOrCreateIteration [\d.]+ ms \((\d+) tasks made\); the woken "
-                    r"polls' passes [\d.]+ ms per batch of 32 at p50, [\d.]+ ms the slowest; (\d+) tasks in all "
+                    r"polls' passes [\d.]+ ms per batch of 8 at p50, [\d.]+ ms the slowest; (\d+) tasks in all "
                     r"\(best of 1\)$", result.stdout.strip())
     assert line, result.stdout
     assert (int(line.group(1)), int(line.group(2))) == (EAGER_TASK_WORKERS, 100)

@@ -118,11 +118,11 @@ def test_a_wait_says_whether_it_was_woken_or_timed_out_and_raises_neither():
 
 
 def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_at_a_time_spaced_apart():
-    # A new job is news to every worker: their polls wake WAKE_BATCH at a time, WAKE_SPACING_S apart, and
+    # A new job is news to every worker: their polls wake FAN_OUT_BATCH at a time, WAKE_SPACING_S apart, and
     # what the loop has to do meanwhile (a new call, a due timer) runs between two batches, not after all.
     import asyncio
 
-    from dataservice.dispatcher.long_polls import WAKE_BATCH, WAKE_SPACING_S, Wakeups
+    from dataservice.dispatcher.long_polls import FAN_OUT_BATCH, WAKE_SPACING_S, Wakeups
 
     wakeups = Wakeups()
     order: list = []
@@ -137,18 +137,18 @@ def test_thousands_of_waiters_woken_at_once_are_woken_a_batch_at_a_time_spaced_a
             order.append(i)
             woken_at[i] = loop.time()
 
-        polls = [asyncio.ensure_future(poll(i)) for i in range(10 * WAKE_BATCH)]
+        polls = [asyncio.ensure_future(poll(i)) for i in range(10 * FAN_OUT_BATCH)]
         await asyncio.sleep(0)  # every poll waits
-        wakeups.notify([("worker", i) for i in range(10 * WAKE_BATCH)])
+        wakeups.notify([("worker", i) for i in range(10 * FAN_OUT_BATCH)])
         loop.call_soon(order.append, "other")  # another call's work, ready after the notify
         await asyncio.wait_for(asyncio.gather(*polls), 10)
 
     asyncio.run(main())
-    assert sorted(i for i in order if i != "other") == list(range(10 * WAKE_BATCH))
-    assert order.index("other") < WAKE_BATCH + 1  # not behind the 320 polls woken
+    assert sorted(i for i in order if i != "other") == list(range(10 * FAN_OUT_BATCH))
+    assert order.index("other") < FAN_OUT_BATCH + 1  # not behind the 80 polls woken
     assert wakeups.wake_turns == 10 and wakeups.fan_outs == 1
     # The loop's clock: a batch is woken no sooner than WAKE_SPACING_S after the one before.
-    firsts = [woken_at[b * WAKE_BATCH] for b in range(10)]
+    firsts = [woken_at[b * FAN_OUT_BATCH] for b in range(10)]
     assert all(later - earlier >= WAKE_SPACING_S * 0.99 for earlier, later in zip(firsts, firsts[1:])), firsts
 
 
@@ -157,7 +157,7 @@ def test_a_targeted_wake_is_not_queued_behind_a_fan_out_being_paced():
     # its poll wakes at once, not WAKE_SPACING_S per batch later.
     import asyncio
 
-    from dataservice.dispatcher.long_polls import WAKE_BATCH, Wakeups
+    from dataservice.dispatcher.long_polls import FAN_OUT_BATCH, Wakeups
 
     wakeups = Wakeups()
     woken: list = []
@@ -168,18 +168,18 @@ def test_a_targeted_wake_is_not_queued_behind_a_fan_out_being_paced():
             assert await wakeups.wait(key, since, 10.0) is True
             woken.append(key)
 
-        fleet = [asyncio.ensure_future(poll(("worker", i))) for i in range(20 * WAKE_BATCH)]
+        fleet = [asyncio.ensure_future(poll(("worker", i))) for i in range(20 * FAN_OUT_BATCH)]
         split = asyncio.ensure_future(poll(("iteration", 7)))
         await asyncio.sleep(0)
-        wakeups.notify([("worker", i) for i in range(20 * WAKE_BATCH)])  # paced: about a second in all
+        wakeups.notify([("worker", i) for i in range(20 * FAN_OUT_BATCH)])  # paced: about a second in all
         await asyncio.sleep(0)
         wakeups.notify([("iteration", 7)])
         await asyncio.wait_for(split, 10)
-        assert len(woken) <= 2 * WAKE_BATCH + 1, "the iteration's poll waited behind the fan-out"
+        assert len(woken) <= 2 * FAN_OUT_BATCH + 1, "the iteration's poll waited behind the fan-out"
         await asyncio.wait_for(asyncio.gather(*fleet), 10)
 
     asyncio.run(main())
-    assert len(woken) == 20 * WAKE_BATCH + 1
+    assert len(woken) == 20 * FAN_OUT_BATCH + 1
 
 
 def _core_with_workers(count: int, mode: int):
@@ -228,7 +228,7 @@ def test_a_new_iterations_tasks_for_many_workers_are_news_woken_as_one_paced_fan
         assert await asyncio.wait_for(asyncio.gather(*polls), 10) == [True] * len(workers)  # all had news
 
     asyncio.run(main())
-    assert core.wakeups.fan_outs == 1 and core.wakeups.wake_turns == 3  # 67 waiters: 32, 32 and 3
+    assert core.wakeups.fan_outs == 1 and core.wakeups.wake_turns == 9  # 67 waiters: 8 a turn, then 3
     # distributed_epoch: the first workers' tasks are made at once, the others' by the pass that answers
     # each woken poll (any task serves the one split stream).
     assert sorted(_tasks_by_worker(core)) == sorted(workers[:EAGER_TASK_WORKERS])

@@ -17,13 +17,18 @@ commit on one iteration does not wake two thousand idle workers' heartbeats.
 Some changes do concern thousands of waiters at once: a new job is news to every worker (the core
 notifies its workers as one fan-out, ``DispatcherCore._fan_out_tasks``; past the first ``WAKE_BATCH``, a
 distributed_epoch task is made by the pass that answers its worker's woken poll). Such a fan-out is woken
-``WAKE_BATCH`` waiters at a time, ``WAKE_SPACING_S`` apart: each woken poll's pass takes about 0.4 ms,
+``FAN_OUT_BATCH`` waiters at a time, ``WAKE_SPACING_S`` apart: each woken poll's pass takes about 0.4 ms,
 and its worker then asks for a split, so two thousand woken together held every other call, and every
 poll whose time was up, for most of a second (and their next polls, sent in that burst, waited in
 gRPC's queue as long). Woken in a turn of the loop each, as before, the batches still came back to back.
-Paced, a burst takes about half the loop while it lasts. At 2,000 workers and 1,000 readers the worker
-heartbeats' lateness at p99 went from 340-470 ms to 38 ms, and ClientHeartbeat's and GetSplit's p99
-from 86-195 ms to 25-27 ms; at 500 workers, from 147 to 9 ms. A notification of ``WAKE_BATCH`` waiters
+Paced 32 at a time, a burst took about half the loop while it lasted. At 2,000 workers and 1,000 readers
+the worker heartbeats' lateness at p99 went from 340-470 ms to 38 ms, and ClientHeartbeat's and GetSplit's
+p99 from 86-195 ms to 25-27 ms; at 500 workers, from 147 to 9 ms. But a dispatcher already at 0.75 of a
+core (2,000 workers, 10,000 readers) had no half loop to give: the fan-out's second ran it at 0.94-0.99,
+and 135-307 reader heartbeats came over 100 ms late there. Paced 8 at a time, that second ran at 0.63-0.77
+and none came late (three runs each). A poll the fan-out has not reached yet still hears the news when its
+own time is up (its pass runs then too), so at 2,000 workers, whose polls end 400 a second, the fan-out
+adds 160 a second to those. A notification of ``WAKE_BATCH`` waiters
 or fewer (one worker's news, an iteration's freed split) wakes them at once, even while a fan-out is
 being paced.
 
@@ -41,16 +46,20 @@ import collections
 import threading
 from typing import Hashable, Iterable
 
-__all__ = ["Wakeups", "ALL", "WAKE_BATCH", "WAKE_SPACING_S", "wait_or_timeout"]
+__all__ = ["Wakeups", "ALL", "WAKE_BATCH", "FAN_OUT_BATCH", "WAKE_SPACING_S", "wait_or_timeout"]
 
-#: Waiters woken per turn of the event loop (each runs a pass of its poll, about 0.4 ms).
+#: A notification of this many waiters or fewer wakes them all at once; a larger one is a fan-out, paced.
 WAKE_BATCH = 32
+#: Waiters of a fan-out woken per turn of the event loop (each runs a pass of its poll, about 0.4 ms).
+FAN_OUT_BATCH = 8
 #: The pause between two batches of one large fan-out (more than WAKE_BATCH waiters notified at once).
 #: A woken worker's poll answers (about 0.4 ms), and its new task asks for a split (as much again):
-#: 32 in 50 ms keep a burst's work near half the loop, whatever the fleet, so that polls whose time is up
-#: meanwhile are answered within tens of ms. The price: a new job reaches the last of 500 workers after
-#: about 0.8 s, of 2,000 after about 3 s (as tf.data service's workers learn of tasks at their next
-#: heartbeat, seconds apart); a fleet of 32 or fewer hears at once.
+#: 8 in 50 ms keep a burst's work near an eighth of the loop, whatever the fleet, so that a dispatcher
+#: already busy still answers the polls whose time is up meanwhile within tens of ms. The price: a worker
+#: hears of a new job when woken or when its poll's time is up, whichever comes first, so half of 500
+#: workers hear within about 1 s and the last within about 3 s, half of 2,000 within about 1.6 s and the
+#: last within one poll, about 4.5 s (32 at a time: 0.8 and 3 s for the last; tf.data service's workers
+#: learn of tasks at their next heartbeat); a fleet of 32 or fewer hears at once.
 WAKE_SPACING_S = 0.05
 
 #: A key that wakes every waiter (a change whose reach the core does not narrow down, say a rolled-back state).
@@ -126,10 +135,10 @@ class Wakeups:
                     self._draining.discard(loop)
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On ``loop``: wakes up to WAKE_BATCH of its notified waiters, and comes back next turn for the rest."""
+        """On ``loop``: wakes up to FAN_OUT_BATCH of its notified waiters, and comes back for the rest later."""
         with self._lock:
             queue = self._to_wake[loop]
-            batch = [queue.popleft() for _ in range(min(WAKE_BATCH, len(queue)))]
+            batch = [queue.popleft() for _ in range(min(FAN_OUT_BATCH, len(queue)))]
             more = bool(queue)
             if not more:
                 del self._to_wake[loop]
