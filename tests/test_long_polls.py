@@ -203,8 +203,8 @@ def _tasks_by_worker(core) -> dict:
 
 
 def test_a_new_iterations_tasks_for_many_workers_are_news_woken_as_one_paced_fan_out():
-    # The tasks of a new iteration are committed one per worker: notified a commit at a time, each notify
-    # would wake its one worker at once, and 2,000 workers would all be answered in one burst.
+    # A new iteration is news to every worker (a task committed, or to be made, for each): notified one at a
+    # time, each notify would wake its one worker at once, and 2,000 workers would all be answered in one burst.
     import asyncio
 
     from dataservice.dispatcher.core import EAGER_TASK_WORKERS
