@@ -113,9 +113,9 @@ LONG_POLL_SLOTS = 12
 #: New tasks one WorkerHeartbeat answer carries at most; the answer says there are more, and the
 #: worker asks again at once. Keeps the reply small however many iterations are created at once.
 MAX_NEW_TASKS_PER_HEARTBEAT = 256
-#: A distributed_epoch iteration's first reader has tasks made at once on this many live workers (the first
-#: wake batch, so a small cluster's read starts as before); the rest of the fleet's as their polls are woken
-#: (``DispatcherCore._fan_out_tasks``).
+#: A distributed_epoch iteration's first reader has tasks made at once on this many live workers (as many as
+#: one notification wakes at once, ``long_polls.WAKE_BATCH``: a cluster that small starts its read as before);
+#: the rest of the fleet's as their polls are answered (``DispatcherCore._fan_out_tasks``).
 EAGER_TASK_WORKERS = WAKE_BATCH
 #: Pruned jobs whose names the dispatcher remembers, to tell a late client what became of its job.
 PRUNED_JOBS_REMEMBERED = 10_000

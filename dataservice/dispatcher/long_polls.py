@@ -24,7 +24,7 @@ gRPC's queue as long). Woken in a turn of the loop each, as before, the batches 
 Paced 32 at a time, a burst took about half the loop while it lasted. At 2,000 workers and 1,000 readers
 the worker heartbeats' lateness at p99 went from 340-470 ms to 38 ms, and ClientHeartbeat's and GetSplit's
 p99 from 86-195 ms to 25-27 ms; at 500 workers, from 147 to 9 ms. But a dispatcher already at 0.75 of a
-core (2,000 workers, 10,000 readers) had no half loop to give: the fan-out's second ran it at 0.94-0.99,
+core (2,000 workers, 10,000 readers, no journal) had no half loop to give: the fan-out's second ran it at 0.94-0.99,
 and 135-846 reader heartbeats came over 100 ms late there (five runs). Paced 8 at a time, that second ran
 at 0.63-0.77 and none came late (three runs). A poll the fan-out has not reached yet still hears the news
 when its own time is up (its pass runs then too), so at 2,000 workers, whose polls end about 400 a second,
