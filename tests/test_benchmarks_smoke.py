@@ -148,3 +148,23 @@ def test_new_job_fan_out_makes_the_first_workers_tasks_at_once_and_the_rest_in_t
                     r"\(best of 1\)$", result.stdout.strip())
     assert line, result.stdout
     assert (int(line.group(1)), int(line.group(2))) == (EAGER_TASK_WORKERS, 100)
+
+
+def test_grpc_call_cost_measures_both_servers_per_rate_and_refuses_unknown_ones():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.grpc_call_cost", "--rates", "50,0", "--seconds", "0.5"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith("| bare") or line.startswith("| dataservice")]
+    assert [row[0] for row in rows] == ["bare grpc.aio"] * 2 + ["dataservice dispatcher"] * 2, result.stdout
+    for row in rows:
+        assert _cell_number(row[1]) > 0 and row[2].endswith(" ms") and row[3].endswith(" ms"), row
+        assert _cell_number(row[3][:-3]) > 0, row  # the client's CPU: every call costs it something
+    paced, back_to_back = _cell_number(rows[0][1]), _cell_number(rows[1][1])
+    assert paced <= 55 and back_to_back > paced, result.stdout  # the schedule holds the rate; 0 does not
+
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.grpc_call_cost", "--servers", "tf"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert bad.returncode == 2 and "--servers takes bare, dispatcher; got 'tf'" in bad.stderr, bad.stderr

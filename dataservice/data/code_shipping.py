@@ -37,6 +37,7 @@ import csv
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import site
 import sys
@@ -118,8 +119,88 @@ def _installed_top_levels() -> frozenset:
     # The keys of importlib.metadata.packages_distributions(), without what makes it slow: it parses
     # every distribution's METADATA for a name we do not use and makes a path object per RECORD line
     # (35-80 ms with scipy, jax and torch installed), and the first distribute() of a process waits for
-    # it: most of the time to the first element. Cached: this is still a few milliseconds.
-    return frozenset(name for dist in importlib.metadata.distributions() for name in _top_level_names(dist))
+    # it: most of the time to the first element. Still 10-16 ms with 69 distributions (a test venv), so
+    # the names are kept on disk for the next process, while sys.path and its directories are unchanged.
+    stamp = _path_stamp()
+    cached = _read_top_levels_cache(stamp)
+    if cached is not None:
+        return cached
+    names = frozenset(name for dist in importlib.metadata.distributions() for name in _top_level_names(dist))
+    _write_top_levels_cache(stamp, names)
+    return names
+
+
+#: The directory where one process leaves the installed top-level names for the next
+#: (``_installed_top_levels``). Set it to "" to keep nothing; unset, ``$XDG_CACHE_HOME/dataservice`` or
+#: ``~/.cache/dataservice``.
+CACHE_DIR_ENV = "DATASERVICE_CACHE_DIR"
+
+
+def _top_levels_cache_file() -> Union[str, None]:
+    """The cache file of this interpreter and environment, or None if caching is off."""
+    directory = os.environ.get(CACHE_DIR_ENV)
+    if directory is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        directory = os.path.join(base, "dataservice")
+    if not directory:
+        return None
+    # One file per interpreter and environment (a venv shares its base's executable, not its prefix).
+    which = hashlib.sha256(f"{sys.executable}\0{sys.prefix}".encode()).hexdigest()[:16]
+    return os.path.join(directory, f"installed-top-levels-{which}.json")
+
+
+def _path_stamp() -> list:
+    """What the installed distributions are found from: each ``sys.path`` entry and the time it last
+    changed. Installing or removing a distribution adds or removes its ``.dist-info`` directory in one of
+    them (pip reinstalls one in place the same way), which changes that directory's time.
+
+    Example::
+
+        >>> _path_stamp()[:1]
+        [['/work/project', 1795877851330591200]]
+    """
+    stamp = []
+    for entry in sys.path:
+        try:
+            stamp.append([entry, os.stat(entry or ".").st_mtime_ns])
+        except (OSError, TypeError, ValueError):
+            stamp.append([entry, None])
+    return stamp
+
+
+def _read_top_levels_cache(stamp: list) -> Union[frozenset, None]:
+    path = _top_levels_cache_file()
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("stamp") == stamp and isinstance(cached.get("names"), list):
+            return frozenset(str(name) for name in cached["names"])
+    except (OSError, ValueError, AttributeError):
+        pass  # none yet, unreadable or torn: read the distributions, and write it again
+    return None
+
+
+def _write_top_levels_cache(stamp: list, names: frozenset) -> None:
+    path = _top_levels_cache_file()
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # A file of our own, then a rename: a process reading at the same time sees the old file or the new.
+        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    except OSError:
+        return  # a read-only home (a container): every process reads the distributions itself
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"stamp": stamp, "names": sorted(names)}, f)
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 def _top_level_names(dist: importlib.metadata.Distribution) -> Iterable[str]:
