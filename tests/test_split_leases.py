@@ -73,9 +73,10 @@ def test_the_lease_grows_with_the_fleet_up_to_what_was_asked_and_the_cap():
     assert splits_per_lease(asked=100, workers=100_000, splits_left=None, tasks=10) == fleet_intervals.MAX_SPLITS_PER_LEASE
 
 
-def test_a_task_through_its_splits_quickly_is_leased_a_quarter_second_of_them():
-    # 2 workers: no fleet rule. 50 ms per split: 5 at once; 1 s per split: one; no pace known yet: one.
-    assert splits_per_lease(asked=8, workers=2, splits_left=60, tasks=2, split_s=0.05) == 5
+def test_a_task_through_its_splits_quickly_is_leased_half_a_second_of_them():
+    # 2 workers: no fleet rule. 100 ms per split: 5 at once; 1 s per split: one; no pace known yet: one.
+    assert splits_per_lease(asked=8, workers=2, splits_left=60, tasks=2, split_s=0.1) == 5
+    assert splits_per_lease(asked=8, workers=2, splits_left=60, tasks=2, split_s=0.073) == 6  # a 32-image batch
     assert splits_per_lease(asked=8, workers=2, splits_left=60, tasks=2, split_s=0.001) == \
         fleet_intervals.MAX_SPLITS_PER_LEASE
     assert splits_per_lease(asked=8, workers=2, splits_left=60, tasks=2, split_s=1.0) == 1
@@ -115,9 +116,9 @@ def test_a_quick_task_is_leased_by_its_pace_measured_between_its_getsplits(core,
     it, (t1, t2) = start(core, num_splits=40)
     assert ask(core, it, t1, 1) == [0]          # no pace yet
     assert ask(core, it, t2, 1) == [1]
-    clock.advance(0.05)                         # t1 took 50 ms for its split
+    clock.advance(0.1)                          # t1 took 100 ms for its split: half a second is 5
     assert ask(core, it, t1, 2) == [2, 3, 4, 5, 6]
-    clock.advance(0.5)                          # 100 ms per split for t1's five, 550 ms for t2's one
+    clock.advance(1.0)                          # 200 ms per split for t1's five, 1.1 s for t2's one
     assert ask(core, it, t1, 3) == [7, 8]
     assert ask(core, it, t2, 2) == [9]
     assert ask(core, it, t1, 3) == [7, 8]       # a retry: the same splits

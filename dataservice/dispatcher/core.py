@@ -103,7 +103,8 @@ SPLIT_WAIT_S = 1.0
 #: The longest a worker or client silent past its timeout goes unnoticed (see liveness_interval_s).
 LIVENESS_TICK_S = 1.0
 #: While leasing an iteration's remaining splits takes longer than this (``_many_splits_left``), its readers
-#: report split ends at their slow pace; a reader at that pace hears of the end nearing within 0.1 s.
+#: report split ends at their slow pace; a reader at that pace hears of the end nearing within 0.2 s
+#: (``SLOW_HEARTBEATS_PER_S``).
 REPORT_SLOWLY_LEFT_S = 0.5
 #: Long polls (WorkerHeartbeat, GetSplit) that may wait at once *inside the core*, for a caller that
 #: drives the core from its own threads: beyond this many, a long poll is answered at once, so waiting

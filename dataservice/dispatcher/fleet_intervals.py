@@ -78,8 +78,10 @@ SPLIT_LEASE_WORKERS = 250
 #: The most splits one GetSplit answer leases.
 MAX_SPLITS_PER_LEASE = 8
 #: A task that took less than this per split (measured between its GetSplits) is leased about this much
-#: work at once, up to ``MAX_SPLITS_PER_LEASE`` splits.
-LEASE_WORK_S = 0.25
+#: work at once, up to ``MAX_SPLITS_PER_LEASE`` splits. Half a second: at a small cluster's pace a GetSplit
+#: costs 1-2 ms of CPU on each side (``benchmarks.grpc_call_cost``), and a quarter second left a 2,000-image
+#: epoch of 63 splits 26 of them; the epoch's end is shared out one split at a time whatever this is.
+LEASE_WORK_S = 0.5
 
 
 def client_heartbeat_s(readers: int, client_timeout_ms: int) -> float:
@@ -146,13 +148,14 @@ def splits_per_lease(asked: int, workers: int, splits_left: Optional[int], tasks
 
     Example::
 
-        >>> splits_per_lease(8, 2, 60, 2), splits_per_lease(8, 2, 60, 2, split_s=0.05)
+        >>> splits_per_lease(8, 2, 60, 2), splits_per_lease(8, 2, 60, 2, split_s=0.1)
         (1, 5)
-        >>> splits_per_lease(8, 2, 60, 2, split_s=1.0), splits_per_lease(8, 2, 5, 2, split_s=0.05)
+        >>> splits_per_lease(8, 2, 60, 2, split_s=1.0), splits_per_lease(8, 2, 5, 2, split_s=0.1)
         (1, 2)
     """
     by_fleet = math.ceil(workers / SPLIT_LEASE_WORKERS)
-    by_pace = math.floor(LEASE_WORK_S / split_s) if split_s is not None and split_s > 0 else 1
+    # (A hair over the quotient: 0.5 / 0.1 is 4.999... in binary, and a 100 ms split should get 5.)
+    by_pace = math.floor(LEASE_WORK_S / split_s + 1e-9) if split_s is not None and split_s > 0 else 1
     count = min(max(1, asked), MAX_SPLITS_PER_LEASE, max(1, by_fleet, by_pace))
     if splits_left is not None:
         count = min(count, max(1, splits_left // max(1, tasks)))
