@@ -19,15 +19,23 @@ def _cell_number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+def run_benchmark(module: str, *args: str, timeout_s: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<module> ARGS`` from the checkout, as a user runs it; with ``check``, it must
+    exit 0 (its output in the message otherwise)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True,
+                            cwd=REPO, env=env, timeout=timeout_s)
+    if check:
+        assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
 @pytest.mark.slow
 def test_benchmark_run_quick_prints_table(tmp_path):
     out = tmp_path / "bench.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--no-tf", "--workloads", "small",
-                             "--modes", "parallel_epochs", "--json", str(out)],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("run", "--quick", "--no-tf", "--workloads", "small", "--modes", "parallel_epochs",
+                           "--json", str(out))
 
     lines = result.stdout.splitlines()
     assert any(re.match(r"^\| workload +\| mode +\| +ours \| tf\.data service \| ratio \|$", l) for l in lines), \
@@ -50,13 +58,8 @@ def test_benchmark_run_quick_prints_table(tmp_path):
 
 @pytest.mark.slow
 def test_unread_iterations_prints_rows_and_summary():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.unread_iterations", "--iterations", "30",
-                             "--stalled-readers", "2", "--element-bytes", "4096", "--elements", "10",
-                             "--memory-budget-bytes", "1000000", "--sample-s", "1"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("unread_iterations", "--iterations", "30", "--stalled-readers", "2", "--element-bytes",
+                           "4096", "--elements", "10", "--memory-budget-bytes", "1000000", "--sample-s", "1")
 
     lines = result.stdout.splitlines()
     assert re.match(rf"^dataservice unread iterations: 30 iterations of range\(10\)\.map\(-> 4,096-byte uint8 "
@@ -72,12 +75,8 @@ def test_unread_iterations_prints_rows_and_summary():
 
 @pytest.mark.slow
 def test_recovery_prints_an_undisturbed_and_a_killed_epoch():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.recovery", "--elements", "20000", "--work", "500",
-                             "--dispatcher-flags", "--worker-timeout-ms 1000"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("recovery", "--elements", "20000", "--work", "500", "--dispatcher-flags",
+                           "--worker-timeout-ms 1000")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
             if line.startswith("| 1 |")]
     assert [r[1] for r in rows] == ["undisturbed", "worker killed at 25%"], result.stdout
@@ -93,13 +92,8 @@ def test_recovery_prints_an_undisturbed_and_a_killed_epoch():
 @pytest.mark.slow
 def test_iterator_state_prints_sizes_and_restore_times(tmp_path):
     out = tmp_path / "state.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.iterator_state", "--no-tf", "--elements", "3200",
-                             "--records", "1000", "--buffer", "100", "--repeats", "1", "--dir", str(tmp_path),
-                             "--json", str(out)],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("iterator_state", "--no-tf", "--elements", "3200", "--records", "1000", "--buffer", "100",
+                           "--repeats", "1", "--dir", str(tmp_path), "--json", str(out))
 
     lines = result.stdout.splitlines()
     assert "| pipeline | position | ours state bytes | TF checkpoint bytes | ours restore ms | TF restore ms |" \
@@ -125,11 +119,7 @@ def test_iterator_state_prints_sizes_and_restore_times(tmp_path):
 
 
 def test_mass_loss_revokes_every_lost_task_and_prints_how_long_the_lock_was_held():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.mass_loss", "--workers", "300", "--lost", "0.5",
-                             "--runs", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("mass_loss", "--workers", "300", "--lost", "0.5", "--runs", "1")
     line = re.match(r"^300 workers, 150 lost at once: 300 of 600 tasks revoked, ([\d,]+) splits leased; the pass "
                     r"held the lock ([\d,]+) ms \(best of 1\)$", result.stdout.strip())
     assert line and int(line.group(1).replace(",", "")) == 600 * 2, result.stdout  # 2 splits an answer at 300
@@ -138,11 +128,7 @@ def test_mass_loss_revokes_every_lost_task_and_prints_how_long_the_lock_was_held
 def test_new_job_fan_out_makes_the_first_workers_tasks_at_once_and_the_rest_in_the_woken_polls_passes():
     from dataservice.dispatcher.core import EAGER_TASK_WORKERS
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.new_job_fan_out", "--workers", "100", "--repeats", "1"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("new_job_fan_out", "--workers", "100", "--repeats", "1")
     line = re.match(r"^100 workers, fault-tolerant: GetOrCreateIteration [\d.]+ ms \((\d+) tasks made\); the woken "
                     r"polls' passes [\d.]+ ms per batch of 8 at p50, [\d.]+ ms the slowest; (\d+) tasks in all "
                     r"\(best of 1\)$", result.stdout.strip())
@@ -151,11 +137,7 @@ def test_new_job_fan_out_makes_the_first_workers_tasks_at_once_and_the_rest_in_t
 
 
 def test_grpc_call_cost_measures_both_servers_per_rate_and_refuses_unknown_ones():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.grpc_call_cost", "--rates", "50,0", "--seconds", "0.5"],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    result = run_benchmark("grpc_call_cost", "--rates", "50,0", "--seconds", "0.5")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
             if line.startswith("| bare") or line.startswith("| dataservice")]
     assert [row[0] for row in rows] == ["bare grpc.aio"] * 2 + ["dataservice dispatcher"] * 2, result.stdout
@@ -165,6 +147,5 @@ def test_grpc_call_cost_measures_both_servers_per_rate_and_refuses_unknown_ones(
     paced, back_to_back = _cell_number(rows[0][1]), _cell_number(rows[1][1])
     assert paced <= 55 and back_to_back > paced, result.stdout  # the schedule holds the rate; 0 does not
 
-    bad = subprocess.run([sys.executable, "-m", "benchmarks.grpc_call_cost", "--servers", "tf"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    bad = run_benchmark("grpc_call_cost", "--servers", "tf", timeout_s=60, check=False)
     assert bad.returncode == 2 and "--servers takes bare, dispatcher; got 'tf'" in bad.stderr, bad.stderr
