@@ -62,6 +62,13 @@ def _serve_bare() -> None:
     asyncio.run(serve())
 
 
+def _server_cpu_s(pid: int) -> float:
+    cpu_s = process_cpu_s(pid)
+    if cpu_s is None:
+        raise RuntimeError(f"the server (pid {pid}) exited")
+    return cpu_s
+
+
 def measure_calls(address: str, server_pid: int, rates: Sequence[float], seconds: float) -> list[dict]:
     """Health checks to ``address`` at each of ``rates`` (0: back to back) for ``seconds`` each. Returns, per
     rate, the calls a second reached and the CPU ms per call of the server (its idle taken out) and of this
@@ -70,15 +77,12 @@ def measure_calls(address: str, server_pid: int, rates: Sequence[float], seconds
         check = health_pb2_grpc.HealthStub(channel).Check
         check(health_pb2.HealthCheckRequest(), timeout=10)  # connected, and both sides' threads started
         time.sleep(0.5)
-        idle_start, idle_t0 = process_cpu_s(server_pid), time.monotonic()
+        idle_start, idle_t0 = _server_cpu_s(server_pid), time.monotonic()
         time.sleep(seconds)
-        idle_end = process_cpu_s(server_pid)
-        if idle_start is None or idle_end is None:
-            raise RuntimeError(f"the server (pid {server_pid}) exited")
-        idle_per_s = (idle_end - idle_start) / (time.monotonic() - idle_t0)
+        idle_per_s = (_server_cpu_s(server_pid) - idle_start) / (time.monotonic() - idle_t0)
         rows = []
         for rate in rates:
-            server_start, client_start = process_cpu_s(server_pid), time.process_time()
+            server_start, client_start = _server_cpu_s(server_pid), time.process_time()
             start = time.monotonic()
             calls = 0
             while time.monotonic() - start < seconds:
@@ -90,9 +94,7 @@ def measure_calls(address: str, server_pid: int, rates: Sequence[float], seconds
                     if pause > 0:
                         time.sleep(pause)
             elapsed = time.monotonic() - start
-            server_end, client_end = process_cpu_s(server_pid), time.process_time()
-            if server_start is None or server_end is None:
-                raise RuntimeError(f"the server (pid {server_pid}) exited")
+            server_end, client_end = _server_cpu_s(server_pid), time.process_time()
             server_s = max(0.0, server_end - server_start - idle_per_s * elapsed)
             rows.append({"rate": rate, "calls_per_s": calls / elapsed,
                          "server_ms_per_call": server_s / calls * 1000,

@@ -121,12 +121,12 @@ def _installed_top_levels() -> frozenset:
     # (35-80 ms with scipy, jax and torch installed), and the first distribute() of a process waits for
     # it: most of the time to the first element. Still 10-16 ms with 69 distributions (a test venv), so
     # the names are kept on disk for the next process, while sys.path and its directories are unchanged.
-    stamp = _path_stamp()
-    cached = _read_top_levels_cache(stamp)
+    path, stamp = _top_levels_cache_file(), _path_stamp()
+    cached = _read_top_levels_cache(path, stamp)
     if cached is not None:
         return cached
     names = frozenset(name for dist in importlib.metadata.distributions() for name in _top_level_names(dist))
-    _write_top_levels_cache(stamp, names)
+    _write_top_levels_cache(path, stamp, names)
     return names
 
 
@@ -168,8 +168,7 @@ def _path_stamp() -> list:
     return stamp
 
 
-def _read_top_levels_cache(stamp: list) -> Union[frozenset, None]:
-    path = _top_levels_cache_file()
+def _read_top_levels_cache(path: Union[str, None], stamp: list) -> Union[frozenset, None]:
     if path is None:
         return None
     try:
@@ -182,8 +181,7 @@ def _read_top_levels_cache(stamp: list) -> Union[frozenset, None]:
     return None
 
 
-def _write_top_levels_cache(stamp: list, names: frozenset) -> None:
-    path = _top_levels_cache_file()
+def _write_top_levels_cache(path: Union[str, None], stamp: list, names: frozenset) -> None:
     if path is None:
         return
     try:

@@ -630,8 +630,7 @@ class DispatcherCore:
             >>> core.get_or_create_iteration(request)      # 32 tasks made, 2,000 polls to wake, 8 every 50 ms
             >>> len(core.state.iterations[it].tasks)       # then, as the woken polls are answered: 32 -> 2,000
         """
-        mode = job.processing_mode
-        deferrable = mode == state_pb2.DISTRIBUTED_EPOCH and not job.num_consumers
+        deferrable = job.processing_mode == state_pb2.DISTRIBUTED_EPOCH and not job.num_consumers
         walked = 0
         with self._one_fan_out():
             for address in list(self.state.workers):
